@@ -1,0 +1,112 @@
+//! A message ready to be written to the outbox table.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::{Error, OutboxEvent, shard_of};
+
+/// Headers of a message: string keys to string values, stored as a JSON object and sent as
+/// Kafka headers. Kept sorted so that the stored JSON is deterministic.
+pub type Headers = BTreeMap<String, String>;
+
+/// One outbox row as it is inserted: an event, serialised, with its id, shard and headers.
+///
+/// Built by [`NewMessage::from_event`]; the Diesel store writes a batch of them with one
+/// multi-row `INSERT`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewMessage {
+    /// The event id, a UUIDv7 (time ordered); consumers deduplicate on it.
+    pub id: Uuid,
+    /// The aggregate type, e.g. `"order"`.
+    pub aggregate_type: Cow<'static, str>,
+    /// The aggregate id as a key.
+    pub aggregate_id: String,
+    /// The event type, e.g. `"OrderCreated"`.
+    pub event_type: Cow<'static, str>,
+    /// The event's schema version (at least 1).
+    pub event_version: i32,
+    /// The payload as JSON text.
+    pub payload: String,
+    /// The headers, stored as a JSON object.
+    pub headers: Headers,
+    /// The topic, when the event names one.
+    pub topic: Option<Cow<'static, str>>,
+    /// [`shard_of`] the aggregate.
+    pub shard: i16,
+    /// When the event was published into the outbox (UTC, microseconds).
+    pub created_at: DateTime<Utc>,
+}
+
+impl NewMessage {
+    /// Serialises `event` into a new message with a fresh UUIDv7 id.
+    ///
+    /// Fails with [`Error::Serialize`] (naming the event type) if serde fails, and with
+    /// [`Error::InvalidEvent`] if the aggregate id is empty or the version does not fit.
+    ///
+    /// ```
+    /// # use outbox_core as outbox;
+    /// use outbox_core::{NewMessage, OutboxEvent};
+    /// #[derive(serde::Serialize, OutboxEvent)]
+    /// #[outbox(crate = outbox_core, aggregate = "order")]
+    /// struct OrderCreated { #[outbox(aggregate_id)] id: u32 }
+    ///
+    /// let msg = NewMessage::from_event(&OrderCreated { id: 3 }, Default::default()).unwrap();
+    /// assert_eq!(msg.aggregate_id, "3");
+    /// assert_eq!(msg.event_type, "OrderCreated");
+    /// assert_eq!(msg.payload, r#"{"id":3}"#);
+    /// assert_eq!(msg.id.get_version_num(), 7);
+    /// ```
+    pub fn from_event<E: OutboxEvent + ?Sized>(event: &E, headers: Headers) -> Result<Self, Error> {
+        let event_type = event.event_type();
+        let payload = serde_json::to_string(event)
+            .map_err(|source| Error::Serialize { event_type, source })?;
+        let aggregate_type = event.aggregate_type();
+        let aggregate_id = event.aggregate_id();
+        if aggregate_id.is_empty() {
+            return Err(Error::InvalidEvent {
+                event_type: event_type.to_owned(),
+                reason: "the aggregate id is empty".to_owned(),
+            });
+        }
+        let event_version = match i32::try_from(event.event_version()) {
+            Ok(v) if v >= 1 => v,
+            _ => {
+                return Err(Error::InvalidEvent {
+                    event_type: event_type.to_owned(),
+                    reason: format!(
+                        "version {} is outside 1..=2147483647",
+                        event.event_version()
+                    ),
+                });
+            }
+        };
+        Ok(NewMessage {
+            id: Uuid::now_v7(),
+            shard: shard_of(aggregate_type, &aggregate_id),
+            aggregate_type: Cow::Borrowed(aggregate_type),
+            aggregate_id,
+            event_type: Cow::Borrowed(event_type),
+            event_version,
+            payload,
+            headers,
+            topic: event.topic().map(Cow::Borrowed),
+            created_at: now_micros(),
+        })
+    }
+
+    /// The headers as JSON text, as stored in the `headers` column.
+    pub fn headers_json(&self) -> String {
+        // A map of strings to strings always serialises.
+        serde_json::to_string(&self.headers).unwrap_or_else(|_| String::from("{}"))
+    }
+}
+
+/// The current time truncated to microseconds, the precision every backend stores, so that
+/// what is written reads back equal.
+pub fn now_micros() -> DateTime<Utc> {
+    let now = Utc::now();
+    DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now)
+}

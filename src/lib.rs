@@ -1,0 +1,3 @@
+//! outbox: a Diesel-native transactional outbox (work in progress).
+
+pub use outbox_core::*;
