@@ -1,1 +1,33 @@
-//! wip
+//! Diesel storage of [`outbox`](https://docs.rs/outbox): `transaction_with_outbox` on sync and
+//! async connections, the free `publish` functions, and the embedded migrations.
+//!
+//! Depend on the `outbox` crate, which re-exports this one behind its backend features.
+//!
+//! ## Crate features
+//! - `postgres`, `mysql`, `sqlite`: the backends (the first two link libpq and the MySQL
+//!   client library; `postgres_backend` and `mysql_backend` give the backend types alone, for
+//!   diesel-async).
+//! - `async`: diesel-async 0.9 connections.
+//! - `r2d2`: Diesel's r2d2 pool support (pooled connections work unchanged).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod backend;
+pub mod migrations;
+mod sync;
+mod tx;
+
+#[cfg(feature = "async")]
+mod async_;
+
+pub use backend::OutboxBackend;
+pub use sync::{OutboxConnection, publish, publish_with_headers};
+pub use tx::OutboxTx;
+
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub use async_::{AsyncOutboxConnection, OutboxFunc, publish_async, publish_with_headers_async};
+
+/// The name of the outbox table (fixed: no SQL is built from a configurable name).
+pub const OUTBOX_TABLE: &str = backend::OUTBOX_TABLE;
+/// The name of the inbox table.
+pub const INBOX_TABLE: &str = "outbox_inbox";

@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS outbox_inbox;
+DROP TABLE IF EXISTS outbox_events;

@@ -1,0 +1,247 @@
+//! What differs between PostgreSQL, MySQL/MariaDB and SQLite: the insert statement, the column
+//! types and the migrations.
+
+use diesel::backend::Backend;
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::sql_types::{Integer, Nullable, SmallInt, Text};
+use outbox_core::NewMessage;
+
+use crate::migrations::Migration;
+
+/// The outbox table. Fixed, so that no SQL is ever built from a configurable string.
+pub(crate) const OUTBOX_TABLE: &str = "outbox_events";
+
+/// Columns written on insert, in bind order.
+const INSERT_COLUMNS: &str = "id, aggregate_type, aggregate_id, event_type, event_version, \
+     payload, headers, topic, shard, created_at, available_at";
+
+/// Rows per `INSERT`: 11 binds each keeps a statement far below every backend's bind limit
+/// (SQLite's 32,766 is the lowest).
+pub(crate) const ROWS_PER_INSERT: usize = 1_000;
+
+/// A Diesel backend the outbox can write to: PostgreSQL, MySQL/MariaDB or SQLite.
+///
+/// Sealed: implemented for `diesel::pg::Pg`, `diesel::mysql::Mysql` and `diesel::sqlite::Sqlite`
+/// behind the features of the same names.
+#[diagnostic::on_unimplemented(
+    message = "the outbox does not support the Diesel backend `{Self}`",
+    note = "supported backends: PostgreSQL (feature `postgres`), MySQL/MariaDB (feature `mysql`), SQLite (feature `sqlite`)"
+)]
+pub trait OutboxBackend: Backend + private::Sealed {
+    /// A name for messages: `"postgres"`, `"mysql"` or `"sqlite"`.
+    #[doc(hidden)]
+    const NAME: &'static str;
+
+    /// The migrations of this backend, oldest first.
+    #[doc(hidden)]
+    const MIGRATIONS: &'static [Migration];
+
+    /// One multi-row `INSERT` of `messages` (at most [`ROWS_PER_INSERT`]).
+    #[doc(hidden)]
+    fn insert_messages(messages: &[NewMessage]) -> BoxedSqlQuery<'_, Self, SqlQuery>;
+
+    /// Writes `messages` with as few `INSERT`s as the bind limits allow.
+    #[doc(hidden)]
+    fn write<C: diesel::Connection<Backend = Self>>(
+        conn: &mut C,
+        messages: &[NewMessage],
+    ) -> diesel::QueryResult<()>;
+
+    /// Applies the pending migrations (see [`crate::migrations::run`]).
+    #[doc(hidden)]
+    fn migrate<C: diesel::connection::LoadConnection<Backend = Self>>(
+        conn: &mut C,
+    ) -> diesel::QueryResult<Vec<&'static str>>;
+
+    /// The async twin of [`OutboxBackend::write`].
+    #[cfg(feature = "async")]
+    #[doc(hidden)]
+    fn write_async<C: diesel_async::AsyncConnection<Backend = Self>>(
+        conn: &mut C,
+        messages: &[NewMessage],
+    ) -> impl Future<Output = diesel::QueryResult<()>> + Send;
+
+    /// The async twin of [`OutboxBackend::migrate`].
+    #[cfg(feature = "async")]
+    #[doc(hidden)]
+    fn migrate_async<C: diesel_async::AsyncConnection<Backend = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = diesel::QueryResult<Vec<&'static str>>> + Send;
+}
+
+/// The parts of [`OutboxBackend`] whose code is the same for every backend, but which need a
+/// concrete backend for Diesel's bounds to hold.
+macro_rules! backend_ops {
+    () => {
+        fn write<C: diesel::Connection<Backend = Self>>(
+            conn: &mut C,
+            messages: &[NewMessage],
+        ) -> diesel::QueryResult<()> {
+            use diesel::RunQueryDsl;
+            for chunk in messages.chunks(ROWS_PER_INSERT) {
+                Self::insert_messages(chunk).execute(conn)?;
+            }
+            Ok(())
+        }
+
+        fn migrate<C: diesel::connection::LoadConnection<Backend = Self>>(
+            conn: &mut C,
+        ) -> diesel::QueryResult<Vec<&'static str>> {
+            crate::migrations::run_sync::<C>(conn, Self::MIGRATIONS)
+        }
+
+        #[cfg(feature = "async")]
+        async fn write_async<C: diesel_async::AsyncConnection<Backend = Self>>(
+            conn: &mut C,
+            messages: &[NewMessage],
+        ) -> diesel::QueryResult<()> {
+            use diesel_async::RunQueryDsl;
+            for chunk in messages.chunks(ROWS_PER_INSERT) {
+                Self::insert_messages(chunk).execute(conn).await?;
+            }
+            Ok(())
+        }
+
+        #[cfg(feature = "async")]
+        async fn migrate_async<C: diesel_async::AsyncConnection<Backend = Self>>(
+            conn: &mut C,
+        ) -> diesel::QueryResult<Vec<&'static str>> {
+            crate::migrations::run_async_impl::<C>(conn, Self::MIGRATIONS).await
+        }
+    };
+}
+
+mod private {
+    pub trait Sealed {}
+}
+
+/// Builds `INSERT INTO outbox_events (...) VALUES (row), (row), ...`, where `row` writes the
+/// placeholders of one message, and binds each message with `bind`. The SQL holds only
+/// placeholders: every value travels as a bind parameter.
+fn build_insert<'a, DB: Backend>(
+    messages: &'a [NewMessage],
+    mut row: impl FnMut(&mut String, usize),
+    mut bind: impl FnMut(BoxedSqlQuery<'a, DB, SqlQuery>, &'a NewMessage) -> BoxedSqlQuery<'a, DB, SqlQuery>,
+) -> BoxedSqlQuery<'a, DB, SqlQuery> {
+    let mut sql = String::with_capacity(64 + INSERT_COLUMNS.len() + messages.len() * 80);
+    sql.push_str("INSERT INTO ");
+    sql.push_str(OUTBOX_TABLE);
+    sql.push_str(" (");
+    sql.push_str(INSERT_COLUMNS);
+    sql.push_str(") VALUES ");
+    for i in 0..messages.len() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        row(&mut sql, i);
+    }
+    let mut query = diesel::sql_query(sql).into_boxed::<DB>();
+    for message in messages {
+        query = bind(query, message);
+    }
+    query
+}
+
+/// Binds the columns every backend stores the same way, up to `event_version`.
+macro_rules! bind_common {
+    ($query:expr, $m:expr) => {
+        $query
+            .bind::<Text, _>($m.aggregate_type.as_ref())
+            .bind::<Text, _>($m.aggregate_id.as_str())
+            .bind::<Text, _>($m.event_type.as_ref())
+            .bind::<Integer, _>($m.event_version)
+            .bind::<Text, _>($m.payload.as_str())
+            .bind::<Text, _>($m.headers_json())
+            .bind::<Nullable<Text>, _>($m.topic.as_deref())
+            .bind::<SmallInt, _>($m.shard)
+    };
+}
+
+#[cfg(feature = "postgres_backend")]
+impl private::Sealed for diesel::pg::Pg {}
+
+#[cfg(feature = "postgres_backend")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+impl OutboxBackend for diesel::pg::Pg {
+    const NAME: &'static str = "postgres";
+    backend_ops!();
+    const MIGRATIONS: &'static [Migration] = crate::migrations::POSTGRES;
+
+    fn insert_messages(messages: &[NewMessage]) -> BoxedSqlQuery<'_, Self, SqlQuery> {
+        use std::fmt::Write;
+        build_insert(
+            messages,
+            |sql, i| {
+                let p = i * 10;
+                // `write!` into a String cannot fail.
+                let _ = write!(
+                    sql,
+                    "(${}, ${}, ${}, ${}, ${}, CAST(${} AS jsonb), CAST(${} AS jsonb), ${}, ${}, ${}, ${})",
+                    p + 1, p + 2, p + 3, p + 4, p + 5, p + 6, p + 7, p + 8, p + 9, p + 10, p + 10
+                );
+            },
+            |q, m| {
+                let q = q.bind::<diesel::sql_types::Uuid, _>(m.id);
+                bind_common!(q, m).bind::<diesel::sql_types::Timestamptz, _>(m.created_at)
+            },
+        )
+    }
+}
+
+#[cfg(feature = "mysql_backend")]
+impl private::Sealed for diesel::mysql::Mysql {}
+
+#[cfg(feature = "mysql_backend")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+impl OutboxBackend for diesel::mysql::Mysql {
+    const NAME: &'static str = "mysql";
+    backend_ops!();
+    const MIGRATIONS: &'static [Migration] = crate::migrations::MYSQL;
+
+    fn insert_messages(messages: &[NewMessage]) -> BoxedSqlQuery<'_, Self, SqlQuery> {
+        build_insert(
+            messages,
+            |sql, _| sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+            |q, m| {
+                let q = q.bind::<Text, _>(m.id.hyphenated().to_string());
+                let at = m.created_at.naive_utc();
+                bind_common!(q, m)
+                    .bind::<diesel::sql_types::Datetime, _>(at)
+                    .bind::<diesel::sql_types::Datetime, _>(at)
+            },
+        )
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl private::Sealed for diesel::sqlite::Sqlite {}
+
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+impl OutboxBackend for diesel::sqlite::Sqlite {
+    const NAME: &'static str = "sqlite";
+    backend_ops!();
+    const MIGRATIONS: &'static [Migration] = crate::migrations::SQLITE;
+
+    fn insert_messages(messages: &[NewMessage]) -> BoxedSqlQuery<'_, Self, SqlQuery> {
+        build_insert(
+            messages,
+            |sql, _| sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+            |q, m| {
+                let q = q.bind::<Text, _>(m.id.hyphenated().to_string());
+                let at = sqlite_timestamp(m.created_at);
+                bind_common!(q, m)
+                    .bind::<Text, _>(at.clone())
+                    .bind::<Text, _>(at)
+            },
+        )
+    }
+}
+
+/// SQLite has no timestamp type: the outbox stores UTC as `YYYY-MM-DD HH:MM:SS.ffffff`, always
+/// with six fraction digits so that text order is time order. Diesel reads it back as a
+/// `Timestamp`.
+#[cfg(feature = "sqlite")]
+pub(crate) fn sqlite_timestamp(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%S%.6f").to_string()
+}

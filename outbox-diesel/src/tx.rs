@@ -1,0 +1,101 @@
+//! [`OutboxTx`]: the handle a `transaction_with_outbox` closure gets.
+
+use std::ops::{Deref, DerefMut};
+
+use outbox_core::{Error, Headers, NewMessage, OutboxEvent};
+
+/// A connection inside an open transaction, plus the events published in it so far.
+///
+/// `transaction_with_outbox` hands one to its closure. It dereferences to the connection, and
+/// [`conn`](OutboxTx::conn) returns it, so Diesel queries run on it as on the connection itself;
+/// [`publish`](OutboxTx::publish) serialises an event at once (a payload that fails to
+/// serialise fails the `publish` call, naming the event type) and keeps it until the closure
+/// returns `Ok`. Then all of them are written with one multi-row `INSERT` (one per 1,000
+/// events) just before `COMMIT`, so they commit together with the business rows, or not at all.
+///
+/// Events are written in the order they were published: that is their order in the outbox and
+/// so, per aggregate, the order in which consumers see them.
+pub struct OutboxTx<'c, C> {
+    conn: &'c mut C,
+    pending: Vec<NewMessage>,
+    headers: Headers,
+}
+
+impl<'c, C> OutboxTx<'c, C> {
+    pub(crate) fn new(conn: &'c mut C) -> Self {
+        OutboxTx {
+            conn,
+            pending: Vec::new(),
+            headers: Headers::new(),
+        }
+    }
+
+    /// The connection, for Diesel queries: `diesel::insert_into(t).values(v).execute(tx.conn())`.
+    pub fn conn(&mut self) -> &mut C {
+        self.conn
+    }
+
+    /// Publishes `event` in this transaction: it is written with the transaction's other
+    /// events just before `COMMIT`, and is discarded if the transaction rolls back.
+    ///
+    /// The event gets a fresh UUIDv7 id and the transaction's default headers
+    /// ([`set_header`](OutboxTx::set_header)). Fails, writing nothing, if the payload does not
+    /// serialise ([`Error::Serialize`], naming the event type) or the event is invalid (e.g. an
+    /// empty aggregate id). Returning that error from the closure rolls the whole transaction
+    /// back.
+    pub fn publish<E: OutboxEvent + ?Sized>(&mut self, event: &E) -> Result<(), Error> {
+        self.publish_with_headers(event, Headers::new())
+    }
+
+    /// [`publish`](OutboxTx::publish) with extra headers for this event (they override the
+    /// transaction's default headers of the same name). Headers travel to Kafka as message
+    /// headers, e.g. a `traceparent` or a correlation id.
+    pub fn publish_with_headers<E: OutboxEvent + ?Sized>(
+        &mut self,
+        event: &E,
+        headers: Headers,
+    ) -> Result<(), Error> {
+        let mut all = self.headers.clone();
+        all.extend(headers);
+        let message = NewMessage::from_event(event, all)?;
+        self.pending.push(message);
+        Ok(())
+    }
+
+    /// Sets a header on every event published after this call in this transaction.
+    pub fn set_header(&mut self, name: impl Into<String>, value: impl Into<String>) {
+        self.headers.insert(name.into(), value.into());
+    }
+
+    /// The events published so far and not yet written.
+    pub fn pending(&self) -> &[NewMessage] {
+        &self.pending
+    }
+
+    pub(crate) fn take_pending(&mut self) -> Vec<NewMessage> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+impl<C> Deref for OutboxTx<'_, C> {
+    type Target = C;
+
+    fn deref(&self) -> &C {
+        self.conn
+    }
+}
+
+impl<C> DerefMut for OutboxTx<'_, C> {
+    fn deref_mut(&mut self) -> &mut C {
+        self.conn
+    }
+}
+
+impl<C> std::fmt::Debug for OutboxTx<'_, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxTx")
+            .field("pending", &self.pending.len())
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
+    }
+}
