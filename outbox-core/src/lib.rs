@@ -26,5 +26,6 @@ pub use outbox_derive::OutboxEvent;
 pub mod __private {
     pub use crate::event::{AggregateKey, EventType, OutboxEvent};
     pub use ::core::option::Option;
+    pub use ::serde::Serialize;
     pub use ::std::string::String;
 }

@@ -1,8 +1,16 @@
-//! Procedural macros of `outbox` (being written).
+//! Procedural macros of [`outbox`](https://docs.rs/outbox). Do not depend on this crate
+//! directly: use `outbox`, which re-exports them.
+
+mod ast;
+mod attr;
+mod ctxt;
+mod expand;
+mod fallback;
+
 use proc_macro::TokenStream;
 
-/// `#[derive(OutboxEvent)]` (being written).
+/// Implements `OutboxEvent` (docs to come).
 #[proc_macro_derive(OutboxEvent, attributes(outbox))]
-pub fn derive_outbox_event(_input: TokenStream) -> TokenStream {
-    "compile_error!(\"OutboxEvent derive is being written\");".parse().unwrap()
+pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
+    expand::derive(input.into()).into()
 }
