@@ -73,10 +73,10 @@ pub mod migrations {
 
 /// The traits and derive most code needs: `use outbox::prelude::*;`.
 pub mod prelude {
+    pub use outbox_core::OutboxEvent;
     #[cfg(feature = "async")]
     pub use outbox_diesel::AsyncOutboxConnection;
     pub use outbox_diesel::OutboxConnection;
-    pub use outbox_core::OutboxEvent;
 }
 
 #[doc(hidden)]

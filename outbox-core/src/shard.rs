@@ -49,7 +49,10 @@ mod tests {
         assert_eq!(shard_of("", ""), 78);
         assert_eq!(shard_of("order", "1"), 171);
         assert_eq!(shard_of("order", "42"), 98);
-        assert_eq!(shard_of("order", "0190f1c2-7b5e-7c3a-8d2e-3f4a5b6c7d8e"), 32);
+        assert_eq!(
+            shard_of("order", "0190f1c2-7b5e-7c3a-8d2e-3f4a5b6c7d8e"),
+            32
+        );
         assert_ne!(fnv("ab", "c"), fnv("a", "bc"));
     }
 

@@ -10,7 +10,9 @@ use crate::{OutboxBackend, OutboxTx};
 /// Rust cannot yet name the future of an `AsyncFnOnce` to bound it, so, like diesel-async's
 /// own transactions, [`AsyncOutboxConnection::transaction_with_outbox`] asks for this trait
 /// too. It is implemented for every async closure: write `async |tx| { ... }` and it holds.
-pub trait OutboxFunc<T, R>: AsyncFnOnce(T) -> R + FnOnce(T) -> <Self as OutboxFunc<T, R>>::Fut {
+pub trait OutboxFunc<T, R>:
+    AsyncFnOnce(T) -> R + FnOnce(T) -> <Self as OutboxFunc<T, R>>::Fut
+{
     /// The future the closure returns.
     type Fut: Future<Output = R>;
 }
@@ -79,6 +81,9 @@ impl<C> AsyncOutboxConnection for C
 where
     C: AsyncConnection<Backend: OutboxBackend>,
 {
+    // Not an `async fn`: the trait promises a `Send` future, which `async fn` in an impl
+    // cannot state.
+    #[allow(clippy::manual_async_fn)]
     fn transaction_with_outbox<'a, 'conn, R, E, F>(
         &'conn mut self,
         f: F,

@@ -121,7 +121,10 @@ mod private {
 fn build_insert<'a, DB: Backend>(
     messages: &'a [NewMessage],
     mut row: impl FnMut(&mut String, usize),
-    mut bind: impl FnMut(BoxedSqlQuery<'a, DB, SqlQuery>, &'a NewMessage) -> BoxedSqlQuery<'a, DB, SqlQuery>,
+    mut bind: impl FnMut(
+        BoxedSqlQuery<'a, DB, SqlQuery>,
+        &'a NewMessage,
+    ) -> BoxedSqlQuery<'a, DB, SqlQuery>,
 ) -> BoxedSqlQuery<'a, DB, SqlQuery> {
     let mut sql = String::with_capacity(64 + INSERT_COLUMNS.len() + messages.len() * 80);
     sql.push_str("INSERT INTO ");
@@ -177,7 +180,17 @@ impl OutboxBackend for diesel::pg::Pg {
                 let _ = write!(
                     sql,
                     "(${}, ${}, ${}, ${}, ${}, CAST(${} AS jsonb), CAST(${} AS jsonb), ${}, ${}, ${}, ${})",
-                    p + 1, p + 2, p + 3, p + 4, p + 5, p + 6, p + 7, p + 8, p + 9, p + 10, p + 10
+                    p + 1,
+                    p + 2,
+                    p + 3,
+                    p + 4,
+                    p + 5,
+                    p + 6,
+                    p + 7,
+                    p + 8,
+                    p + 9,
+                    p + 10,
+                    p + 10
                 );
             },
             |q, m| {

@@ -1,8 +1,5 @@
 // Shared setup of the doc examples: an in-memory SQLite database with the outbox migrations,
 // an `orders` table and an `OrderCreated` event. Included (hidden) by the examples.
-#[allow(unused_imports)]
-use diesel::prelude::*;
-
 #[derive(serde::Serialize)]
 #[allow(dead_code)]
 struct OrderCreated {
@@ -35,7 +32,8 @@ const ORDERS_SQL: &str = "CREATE TABLE orders (id BIGINT PRIMARY KEY, total_cent
 
 #[allow(dead_code)]
 fn establish() -> diesel::SqliteConnection {
-    let mut conn = diesel::SqliteConnection::establish(":memory:").unwrap();
+    let mut conn =
+        <diesel::SqliteConnection as diesel::Connection>::establish(":memory:").unwrap();
     outbox_diesel::migrations::run(&mut conn).unwrap();
     diesel::connection::SimpleConnection::batch_execute(&mut conn, ORDERS_SQL).unwrap();
     conn
@@ -44,9 +42,9 @@ fn establish() -> diesel::SqliteConnection {
 #[allow(dead_code)]
 fn count_events(conn: &mut diesel::SqliteConnection) -> i64 {
     use diesel::dsl::sql;
-    diesel::select(sql::<diesel::sql_types::BigInt>("(SELECT COUNT(*) FROM outbox_events)"))
-        .get_result(conn)
-        .unwrap()
+    let query =
+        diesel::select(sql::<diesel::sql_types::BigInt>("(SELECT COUNT(*) FROM outbox_events)"));
+    diesel::RunQueryDsl::get_result(query, conn).unwrap()
 }
 
 #[cfg(feature = "async")]

@@ -69,7 +69,6 @@ fn pending<'m>(all: &'m [Migration], applied: &[AppliedVersion]) -> Vec<&'m Migr
 /// migrations their own way.
 ///
 /// ```
-/// # include!("doctest_setup.rs");
 /// let all = outbox_diesel::migrations::list::<diesel::sqlite::Sqlite>();
 /// assert!(all[0].up.contains("CREATE TABLE outbox_events"));
 /// ```

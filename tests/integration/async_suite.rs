@@ -3,8 +3,8 @@
 use std::collections::HashSet;
 
 use diesel_async::AsyncConnection;
+use outbox::OutboxBackend;
 use outbox::prelude::*;
-use outbox::{Headers, OutboxBackend};
 
 use crate::support::*;
 
@@ -12,7 +12,11 @@ use crate::support::*;
 /// `impl_async!`.
 pub trait AsyncConn: AsyncConnection<Backend: OutboxBackend> + Sized + Send + 'static {
     fn open(db: &TestDatabase) -> impl Future<Output = Self> + Send;
-    fn insert_order(&mut self, id: i64, total_cents: i64) -> impl Future<Output = diesel::QueryResult<usize>> + Send;
+    fn insert_order(
+        &mut self,
+        id: i64,
+        total_cents: i64,
+    ) -> impl Future<Output = diesel::QueryResult<usize>> + Send;
     fn events(&mut self) -> impl Future<Output = Vec<StoredEvent>> + Send;
     fn count(&mut self, sql: &'static str) -> impl Future<Output = i64> + Send;
 }
@@ -65,9 +69,15 @@ pub async fn commit_stores_rows_and_events<C: AsyncConn>(db: TestDatabase) {
     let id = conn
         .transaction_with_outbox(async |tx| {
             tx.conn().insert_order(42, total_cents).await?;
-            tx.publish(&OrderCreated { order_id: 42, total_cents })?;
+            tx.publish(&OrderCreated {
+                order_id: 42,
+                total_cents,
+            })?;
             tx.set_header("correlation-id", "c-42");
-            tx.publish(&OrderEvent::Paid { order_id: 42, amount: total_cents })?;
+            tx.publish(&OrderEvent::Paid {
+                order_id: 42,
+                amount: total_cents,
+            })?;
             Ok::<_, AppError>(42)
         })
         .await
@@ -77,17 +87,32 @@ pub async fn commit_stores_rows_and_events<C: AsyncConn>(db: TestDatabase) {
     let events = conn.events().await;
     assert_eq!(events.len(), 2);
     let (a, b) = (&events[0], &events[1]);
-    assert_eq!((a.aggregate_type.as_str(), a.aggregate_id.as_str()), ("order", "42"));
-    assert_eq!((a.event_type.as_str(), a.event_version), ("OrderCreated", 3));
-    assert_eq!(a.payload_json(), serde_json::json!({"order_id": 42, "total_cents": 1250}));
+    assert_eq!(
+        (a.aggregate_type.as_str(), a.aggregate_id.as_str()),
+        ("order", "42")
+    );
+    assert_eq!(
+        (a.event_type.as_str(), a.event_version),
+        ("OrderCreated", 3)
+    );
+    assert_eq!(
+        a.payload_json(),
+        serde_json::json!({"order_id": 42, "total_cents": 1250})
+    );
     assert_eq!(a.headers_json(), serde_json::json!({}));
     assert_eq!(a.shard, i32::from(outbox::shard_of("order", "42")));
     assert_eq!(uuid::Uuid::parse_str(&a.id).unwrap().get_version_num(), 7);
     let age = chrono::Utc::now() - a.created_at();
-    assert!(age >= chrono::TimeDelta::zero() && age < chrono::TimeDelta::seconds(60), "{age}");
+    assert!(
+        age >= chrono::TimeDelta::zero() && age < chrono::TimeDelta::seconds(60),
+        "{age}"
+    );
     assert_eq!((b.event_type.as_str(), b.event_version), ("Paid", 1));
     assert_eq!(b.topic.as_deref(), Some("order-lifecycle"));
-    assert_eq!(b.headers_json(), serde_json::json!({"correlation-id": "c-42"}));
+    assert_eq!(
+        b.headers_json(),
+        serde_json::json!({"correlation-id": "c-42"})
+    );
 }
 
 pub async fn err_rolls_back_rows_and_events<C: AsyncConn>(db: TestDatabase) {
@@ -95,11 +120,17 @@ pub async fn err_rolls_back_rows_and_events<C: AsyncConn>(db: TestDatabase) {
     let result = conn
         .transaction_with_outbox(async |tx| {
             tx.conn().insert_order(1, 100).await?;
-            tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
+            tx.publish(&OrderCreated {
+                order_id: 1,
+                total_cents: 100,
+            })?;
             Err::<(), _>(AppError::Business("payment declined"))
         })
         .await;
-    assert!(matches!(result, Err(AppError::Business("payment declined"))));
+    assert!(matches!(
+        result,
+        Err(AppError::Business("payment declined"))
+    ));
     assert_eq!(conn.count(COUNT_ORDERS).await, 0);
     assert_eq!(conn.count(COUNT_EVENTS).await, 0);
 
@@ -126,7 +157,10 @@ pub async fn panic_rolls_back_rows_and_events<C: AsyncConn>(db: TestDatabase) {
         let _ = conn
             .transaction_with_outbox(async |tx| {
                 tx.conn().insert_order(1, 100).await?;
-                tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
+                tx.publish(&OrderCreated {
+                    order_id: 1,
+                    total_cents: 100,
+                })?;
                 if tx.pending().len() == 1 {
                     panic!("boom inside the transaction");
                 }
@@ -142,17 +176,33 @@ pub async fn panic_rolls_back_rows_and_events<C: AsyncConn>(db: TestDatabase) {
 
 pub async fn nested_transactions_and_free_publish<C: AsyncConn>(db: TestDatabase) {
     let mut conn = C::open(&db).await;
-    let outside = outbox::publish_async(&mut conn, &OrderCreated { order_id: 9, total_cents: 9 }).await;
-    assert!(matches!(outside, Err(outbox::Error::NotInTransaction)), "{outside:?}");
+    let outside = outbox::publish_async(
+        &mut conn,
+        &OrderCreated {
+            order_id: 9,
+            total_cents: 9,
+        },
+    )
+    .await;
+    assert!(
+        matches!(outside, Err(outbox::Error::NotInTransaction)),
+        "{outside:?}"
+    );
 
     conn.transaction_with_outbox(async |tx| {
         tx.conn().insert_order(1, 100).await?;
-        tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
+        tx.publish(&OrderCreated {
+            order_id: 1,
+            total_cents: 100,
+        })?;
         let inner = tx
             .conn()
             .transaction_with_outbox(async |inner| {
                 inner.conn().insert_order(2, 200).await?;
-                inner.publish(&OrderCreated { order_id: 2, total_cents: 200 })?;
+                inner.publish(&OrderCreated {
+                    order_id: 2,
+                    total_cents: 200,
+                })?;
                 Err::<(), _>(AppError::Business("inner fails"))
             })
             .await;
@@ -160,7 +210,14 @@ pub async fn nested_transactions_and_free_publish<C: AsyncConn>(db: TestDatabase
         tx.conn()
             .transaction(async |c| {
                 c.insert_order(3, 300).await?;
-                outbox::publish_async(c, &OrderCreated { order_id: 3, total_cents: 300 }).await?;
+                outbox::publish_async(
+                    c,
+                    &OrderCreated {
+                        order_id: 3,
+                        total_cents: 300,
+                    },
+                )
+                .await?;
                 Ok::<_, AppError>(())
             })
             .await?;
@@ -168,7 +225,12 @@ pub async fn nested_transactions_and_free_publish<C: AsyncConn>(db: TestDatabase
     })
     .await
     .unwrap();
-    let ids: Vec<String> = conn.events().await.into_iter().map(|e| e.aggregate_id).collect();
+    let ids: Vec<String> = conn
+        .events()
+        .await
+        .into_iter()
+        .map(|e| e.aggregate_id)
+        .collect();
     assert_eq!(ids, ["3", "1"]);
     assert_eq!(conn.count(COUNT_ORDERS).await, 2);
 }
@@ -187,7 +249,10 @@ pub async fn concurrent_writers<C: AsyncConn>(db: TestDatabase) {
                 let order_id = t * PER_TASK + i;
                 conn.transaction_with_outbox(async |tx| {
                     tx.conn().insert_order(order_id, i).await?;
-                    tx.publish(&OrderCreated { order_id, total_cents: i })?;
+                    tx.publish(&OrderCreated {
+                        order_id,
+                        total_cents: i,
+                    })?;
                     Ok::<_, AppError>(())
                 })
                 .await

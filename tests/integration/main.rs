@@ -1,15 +1,16 @@
+#![allow(missing_docs)]
 //! Integration tests of the write path against real PostgreSQL, MariaDB/MySQL and SQLite.
 //!
 //! Every test creates its own database (see `support::TestDatabase`) and drops it at the end,
 //! so the tests run in parallel and leave nothing behind. Run them with all features:
 //! `cargo test --all-features --test integration` (the README's test command does).
 
-mod support;
-mod sync_suite;
 #[cfg(feature = "async")]
 mod async_suite;
-mod pools;
 mod migrations;
+mod pools;
+mod support;
+mod sync_suite;
 
 diesel::table! {
     orders (id) {
@@ -19,16 +20,36 @@ diesel::table! {
 }
 
 #[cfg(feature = "postgres")]
-sync_suite!(postgres, diesel::PgConnection, crate::support::TestDatabase::postgres);
+sync_suite!(
+    postgres,
+    diesel::PgConnection,
+    crate::support::TestDatabase::postgres
+);
 #[cfg(feature = "mysql")]
-sync_suite!(mysql, diesel::MysqlConnection, crate::support::TestDatabase::mysql);
+sync_suite!(
+    mysql,
+    diesel::MysqlConnection,
+    crate::support::TestDatabase::mysql
+);
 #[cfg(feature = "sqlite")]
-sync_suite!(sqlite, diesel::SqliteConnection, crate::support::TestDatabase::sqlite);
+sync_suite!(
+    sqlite,
+    diesel::SqliteConnection,
+    crate::support::TestDatabase::sqlite
+);
 
 #[cfg(all(feature = "async", feature = "postgres"))]
-async_suite!(async_postgres, diesel_async::AsyncPgConnection, crate::support::TestDatabase::postgres);
+async_suite!(
+    async_postgres,
+    diesel_async::AsyncPgConnection,
+    crate::support::TestDatabase::postgres
+);
 #[cfg(all(feature = "async", feature = "mysql"))]
-async_suite!(async_mysql, diesel_async::AsyncMysqlConnection, crate::support::TestDatabase::mysql);
+async_suite!(
+    async_mysql,
+    diesel_async::AsyncMysqlConnection,
+    crate::support::TestDatabase::mysql
+);
 #[cfg(all(feature = "async", feature = "sqlite"))]
 async_suite!(
     async_sqlite,

@@ -12,14 +12,20 @@ use crate::support::*;
 fn postgres_schema() {
     let db = TestDatabase::postgres("schema");
     let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
-    assert!(outbox::migrations::run(&mut conn).unwrap().is_empty(), "second run applies nothing");
+    assert!(
+        outbox::migrations::run(&mut conn).unwrap().is_empty(),
+        "second run applies nothing"
+    );
     let partial = diesel::sql_query(
         "SELECT COUNT(*) AS n FROM pg_indexes WHERE tablename = 'outbox_events' \
          AND indexdef LIKE '%WHERE ((published_at IS NULL) AND (dead_at IS NULL))'",
     )
     .get_result::<Count>(&mut conn)
     .unwrap();
-    assert_eq!(partial.n, 3, "pending, pending-aggregate and pending-shard partial indexes");
+    assert_eq!(
+        partial.n, 3,
+        "pending, pending-aggregate and pending-shard partial indexes"
+    );
     let recorded = diesel::sql_query(
         "SELECT COUNT(*) AS n FROM __diesel_schema_migrations WHERE version = '20261129000001'",
     )

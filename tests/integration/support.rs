@@ -28,7 +28,13 @@ fn unique_name(label: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let label: String = label
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
         .take(30)
         .collect();
     format!("outbox_t_{label}_{}_{n}", std::process::id())
@@ -59,8 +65,13 @@ impl TestDatabase {
         let name = unique_name(label);
         let mut conn = diesel::PgConnection::establish(&admin)
             .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {admin}: {e}"));
-        diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut conn).unwrap();
-        let db = TestDatabase { url: replace_database(&admin, &name), kind: Kind::Postgres { admin, name } };
+        diesel::sql_query(format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .unwrap();
+        let db = TestDatabase {
+            url: replace_database(&admin, &name),
+            kind: Kind::Postgres { admin, name },
+        };
         let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
         outbox::migrations::run(&mut conn).unwrap();
         diesel::sql_query(ORDERS_DDL).execute(&mut conn).unwrap();
@@ -74,8 +85,13 @@ impl TestDatabase {
         let name = unique_name(label);
         let mut conn = diesel::MysqlConnection::establish(&admin)
             .unwrap_or_else(|e| panic!("cannot reach MySQL/MariaDB at {admin}: {e}"));
-        diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut conn).unwrap();
-        let db = TestDatabase { url: replace_database(&admin, &name), kind: Kind::Mysql { admin, name } };
+        diesel::sql_query(format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .unwrap();
+        let db = TestDatabase {
+            url: replace_database(&admin, &name),
+            kind: Kind::Mysql { admin, name },
+        };
         let mut conn = diesel::MysqlConnection::establish(&db.url).unwrap();
         outbox::migrations::run(&mut conn).unwrap();
         diesel::sql_query(ORDERS_DDL).execute(&mut conn).unwrap();
@@ -88,10 +104,15 @@ impl TestDatabase {
         let dir = tempfile::tempdir().unwrap();
         let url = dir.path().join("test.db").to_str().unwrap().to_owned();
         let mut conn = diesel::SqliteConnection::establish(&url).unwrap();
-        diesel::sql_query("PRAGMA journal_mode = WAL").execute(&mut conn).unwrap();
+        diesel::sql_query("PRAGMA journal_mode = WAL")
+            .execute(&mut conn)
+            .unwrap();
         outbox::migrations::run(&mut conn).unwrap();
         diesel::sql_query(ORDERS_DDL).execute(&mut conn).unwrap();
-        TestDatabase { url, kind: Kind::Sqlite { _dir: dir } }
+        TestDatabase {
+            url,
+            kind: Kind::Sqlite { _dir: dir },
+        }
     }
 }
 
@@ -102,14 +123,16 @@ impl Drop for TestDatabase {
             #[cfg(feature = "postgres")]
             Kind::Postgres { admin, name } => {
                 if let Ok(mut conn) = diesel::PgConnection::establish(admin) {
-                    let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .execute(&mut conn);
+                    let _ =
+                        diesel::sql_query(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                            .execute(&mut conn);
                 }
             }
             #[cfg(feature = "mysql")]
             Kind::Mysql { admin, name } => {
                 if let Ok(mut conn) = diesel::MysqlConnection::establish(admin) {
-                    let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {name}")).execute(&mut conn);
+                    let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {name}"))
+                        .execute(&mut conn);
                 }
             }
             _ => {}
@@ -117,7 +140,8 @@ impl Drop for TestDatabase {
     }
 }
 
-pub const ORDERS_DDL: &str = "CREATE TABLE orders (id BIGINT PRIMARY KEY, total_cents BIGINT NOT NULL)";
+pub const ORDERS_DDL: &str =
+    "CREATE TABLE orders (id BIGINT PRIMARY KEY, total_cents BIGINT NOT NULL)";
 
 /// An outbox row read back, every column as the test compares it.
 #[derive(Debug, QueryableByName)]
@@ -248,7 +272,10 @@ impl Unserialisable {
     pub fn new() -> Self {
         let mut bad = std::collections::HashMap::new();
         bad.insert((1, 2), 3);
-        Unserialisable { id: uuid::Uuid::now_v7(), bad }
+        Unserialisable {
+            id: uuid::Uuid::now_v7(),
+            bad,
+        }
     }
 }
 

@@ -56,21 +56,39 @@ impl_sync!(diesel::SqliteConnection, "PRAGMA busy_timeout = 30000");
 
 pub fn commit_stores_rows_and_events<C: SyncConn>(db: TestDatabase) {
     let mut conn = C::open(&db);
-    let before = outbox::NewMessage::from_event(&OrderCreated { order_id: 0, total_cents: 0 }, Headers::new())
-        .unwrap()
-        .created_at;
+    let before = outbox::NewMessage::from_event(
+        &OrderCreated {
+            order_id: 0,
+            total_cents: 0,
+        },
+        Headers::new(),
+    )
+    .unwrap()
+    .created_at;
     let id = conn
         .transaction_with_outbox(|tx| {
             tx.conn().insert_order(42, 1250)?;
-            tx.publish(&OrderCreated { order_id: 42, total_cents: 1250 })?;
-            tx.publish(&OrderEvent::Cancelled { order_id: 42, reason: "changed mind".into() })?;
+            tx.publish(&OrderCreated {
+                order_id: 42,
+                total_cents: 1250,
+            })?;
+            tx.publish(&OrderEvent::Cancelled {
+                order_id: 42,
+                reason: "changed mind".into(),
+            })?;
             assert_eq!(tx.pending().len(), 2);
             Ok::<_, AppError>(42)
         })
         .unwrap();
-    let after = outbox::NewMessage::from_event(&OrderCreated { order_id: 0, total_cents: 0 }, Headers::new())
-        .unwrap()
-        .created_at;
+    let after = outbox::NewMessage::from_event(
+        &OrderCreated {
+            order_id: 0,
+            total_cents: 0,
+        },
+        Headers::new(),
+    )
+    .unwrap()
+    .created_at;
     assert_eq!(id, 42);
     assert_eq!(conn.count(COUNT_ORDERS), 1);
 
@@ -83,13 +101,20 @@ pub fn commit_stores_rows_and_events<C: SyncConn>(db: TestDatabase) {
     assert_eq!(a.aggregate_id, "42");
     assert_eq!(a.event_type, "OrderCreated");
     assert_eq!(a.event_version, 3);
-    assert_eq!(a.payload_json(), serde_json::json!({"order_id": 42, "total_cents": 1250}));
+    assert_eq!(
+        a.payload_json(),
+        serde_json::json!({"order_id": 42, "total_cents": 1250})
+    );
     assert_eq!(a.headers_json(), serde_json::json!({}));
     assert_eq!(a.topic, None);
     assert_eq!(a.shard, i32::from(outbox::shard_of("order", "42")));
     let id_a = uuid::Uuid::parse_str(&a.id).unwrap();
     assert_eq!(id_a.get_version_num(), 7, "event ids are UUIDv7");
-    assert!(a.created_at() >= before && a.created_at() <= after, "{} not in [{before}, {after}]", a.created_at);
+    assert!(
+        a.created_at() >= before && a.created_at() <= after,
+        "{} not in [{before}, {after}]",
+        a.created_at
+    );
     assert_eq!(a.available_at, a.created_at, "available at once");
     assert_eq!(a.attempts, 0);
     assert_eq!(a.published_at, None);
@@ -103,17 +128,26 @@ pub fn commit_stores_rows_and_events<C: SyncConn>(db: TestDatabase) {
         b.payload_json(),
         serde_json::json!({"Cancelled": {"order_id": 42, "reason": "changed mind"}})
     );
-    assert!(uuid::Uuid::parse_str(&b.id).unwrap() > id_a, "UUIDv7 ids grow");
+    assert!(
+        uuid::Uuid::parse_str(&b.id).unwrap() > id_a,
+        "UUIDv7 ids grow"
+    );
 }
 
 pub fn err_rolls_back_rows_and_events<C: SyncConn>(db: TestDatabase) {
     let mut conn = C::open(&db);
     let result = conn.transaction_with_outbox(|tx| {
         tx.conn().insert_order(1, 100)?;
-        tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
+        tx.publish(&OrderCreated {
+            order_id: 1,
+            total_cents: 100,
+        })?;
         Err::<(), _>(AppError::Business("payment declined"))
     });
-    assert!(matches!(result, Err(AppError::Business("payment declined"))));
+    assert!(matches!(
+        result,
+        Err(AppError::Business("payment declined"))
+    ));
     assert_eq!(conn.count(COUNT_ORDERS), 0);
     assert_eq!(conn.count(COUNT_EVENTS), 0);
 }
@@ -123,7 +157,10 @@ pub fn panic_rolls_back_rows_and_events<C: SyncConn>(db: TestDatabase) {
     let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
         let _ = conn.transaction_with_outbox(|tx| {
             tx.conn().insert_order(1, 100)?;
-            tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
+            tx.publish(&OrderCreated {
+                order_id: 1,
+                total_cents: 100,
+            })?;
             if tx.pending().len() == 1 {
                 panic!("boom inside the transaction");
             }
@@ -141,12 +178,18 @@ pub fn nested_transactions_are_savepoints<C: SyncConn>(db: TestDatabase) {
     let mut conn = C::open(&db);
     conn.transaction_with_outbox(|tx| {
         tx.conn().insert_order(1, 100)?;
-        tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
+        tx.publish(&OrderCreated {
+            order_id: 1,
+            total_cents: 100,
+        })?;
 
         // An inner transaction that fails: its row and event go, the outer ones stay.
         let inner = tx.conn().transaction_with_outbox(|inner| {
             inner.conn().insert_order(2, 200)?;
-            inner.publish(&OrderCreated { order_id: 2, total_cents: 200 })?;
+            inner.publish(&OrderCreated {
+                order_id: 2,
+                total_cents: 200,
+            })?;
             Err::<(), _>(AppError::Business("inner fails"))
         });
         assert!(matches!(inner, Err(AppError::Business(_))));
@@ -154,14 +197,23 @@ pub fn nested_transactions_are_savepoints<C: SyncConn>(db: TestDatabase) {
         // An inner transaction that succeeds: kept with the outer one.
         tx.conn().transaction_with_outbox(|inner| {
             inner.conn().insert_order(3, 300)?;
-            inner.publish(&OrderCreated { order_id: 3, total_cents: 300 })?;
+            inner.publish(&OrderCreated {
+                order_id: 3,
+                total_cents: 300,
+            })?;
             Ok::<_, AppError>(())
         })?;
 
         // Plain Diesel savepoint with the free `publish`, rolled back.
         let plain = tx.conn().transaction(|c| {
             c.insert_order(4, 400)?;
-            outbox::publish(c, &OrderCreated { order_id: 4, total_cents: 400 })?;
+            outbox::publish(
+                c,
+                &OrderCreated {
+                    order_id: 4,
+                    total_cents: 400,
+                },
+            )?;
             Err::<(), _>(diesel::result::Error::RollbackTransaction)
         });
         assert!(plain.is_err());
@@ -178,7 +230,10 @@ pub fn nested_transactions_are_savepoints<C: SyncConn>(db: TestDatabase) {
     let outer = conn.transaction_with_outbox(|tx| {
         tx.conn().transaction_with_outbox(|inner| {
             inner.conn().insert_order(5, 500)?;
-            inner.publish(&OrderCreated { order_id: 5, total_cents: 500 })?;
+            inner.publish(&OrderCreated {
+                order_id: 5,
+                total_cents: 500,
+            })?;
             Ok::<_, AppError>(())
         })?;
         Err::<(), _>(AppError::Business("outer fails"))
@@ -190,17 +245,47 @@ pub fn nested_transactions_are_savepoints<C: SyncConn>(db: TestDatabase) {
 
 pub fn free_publish_needs_a_transaction<C: SyncConn>(db: TestDatabase) {
     let mut conn = C::open(&db);
-    let outside = outbox::publish(&mut conn, &OrderCreated { order_id: 9, total_cents: 9 });
-    assert!(matches!(outside, Err(outbox::Error::NotInTransaction)), "{outside:?}");
-    assert!(outside.unwrap_err().to_string().contains("outside a transaction"));
+    let outside = outbox::publish(
+        &mut conn,
+        &OrderCreated {
+            order_id: 9,
+            total_cents: 9,
+        },
+    );
+    assert!(
+        matches!(outside, Err(outbox::Error::NotInTransaction)),
+        "{outside:?}"
+    );
+    assert!(
+        outside
+            .unwrap_err()
+            .to_string()
+            .contains("outside a transaction")
+    );
     assert_eq!(conn.count(COUNT_EVENTS), 0);
 
     conn.transaction(|c| {
         c.insert_order(9, 9)?;
-        outbox::publish(c, &OrderCreated { order_id: 9, total_cents: 9 })?;
+        outbox::publish(
+            c,
+            &OrderCreated {
+                order_id: 9,
+                total_cents: 9,
+            },
+        )?;
         let mut headers = Headers::new();
-        headers.insert("traceparent".into(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
-        outbox::publish_with_headers(c, &OrderEvent::Paid { order_id: 9, amount: 9 }, headers)?;
+        headers.insert(
+            "traceparent".into(),
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+        );
+        outbox::publish_with_headers(
+            c,
+            &OrderEvent::Paid {
+                order_id: 9,
+                amount: 9,
+            },
+            headers,
+        )?;
         Ok::<_, diesel::result::Error>(())
     })
     .unwrap();
@@ -214,7 +299,13 @@ pub fn free_publish_needs_a_transaction<C: SyncConn>(db: TestDatabase) {
 
     // Rolled back with the caller's transaction.
     let _ = conn.transaction(|c| {
-        outbox::publish(c, &OrderCreated { order_id: 10, total_cents: 1 })?;
+        outbox::publish(
+            c,
+            &OrderCreated {
+                order_id: 10,
+                total_cents: 1,
+            },
+        )?;
         Err::<(), _>(diesel::result::Error::RollbackTransaction)
     });
     assert_eq!(conn.count(COUNT_EVENTS), 2);
@@ -224,7 +315,10 @@ pub fn unserialisable_payload_rolls_back<C: SyncConn>(db: TestDatabase) {
     let mut conn = C::open(&db);
     let result = conn.transaction_with_outbox(|tx| {
         tx.conn().insert_order(1, 100)?;
-        tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
+        tx.publish(&OrderCreated {
+            order_id: 1,
+            total_cents: 100,
+        })?;
         tx.publish(&Unserialisable::new())?;
         Ok::<_, AppError>(())
     });
@@ -245,7 +339,13 @@ pub fn headers_and_large_batches<C: SyncConn>(db: TestDatabase) {
         for i in 0..2_500 {
             let mut h = Headers::new();
             h.insert("n".into(), i.to_string());
-            tx.publish_with_headers(&OrderEvent::Paid { order_id: i % 7, amount: i }, h)?;
+            tx.publish_with_headers(
+                &OrderEvent::Paid {
+                    order_id: i % 7,
+                    amount: i,
+                },
+                h,
+            )?;
         }
         Ok::<_, AppError>(())
     })
@@ -253,11 +353,15 @@ pub fn headers_and_large_batches<C: SyncConn>(db: TestDatabase) {
     let events = conn.events();
     assert_eq!(events.len(), 2_500);
     for (i, e) in events.iter().enumerate() {
-        assert_eq!(e.headers_json(), serde_json::json!({"correlation-id": "c-1", "n": i.to_string()}));
+        assert_eq!(
+            e.headers_json(),
+            serde_json::json!({"correlation-id": "c-1", "n": i.to_string()})
+        );
         assert_eq!(e.payload_json()["Paid"]["amount"], i as i64);
     }
     // No events: the transaction commits its rows and writes nothing to the outbox.
-    conn.transaction_with_outbox(|tx| tx.conn().insert_order(1, 1).map(|_| ())).unwrap();
+    conn.transaction_with_outbox(|tx| tx.conn().insert_order(1, 1).map(|_| ()))
+        .unwrap();
     assert_eq!(conn.count(COUNT_ORDERS), 1);
     assert_eq!(conn.count(COUNT_EVENTS), 2_500);
 }
@@ -275,7 +379,10 @@ pub fn concurrent_writers<C: SyncConn>(db: TestDatabase) {
                     let order_id = t * PER_THREAD + i;
                     conn.transaction_with_outbox(|tx| {
                         tx.conn().insert_order(order_id, i)?;
-                        tx.publish(&OrderCreated { order_id, total_cents: i })?;
+                        tx.publish(&OrderCreated {
+                            order_id,
+                            total_cents: i,
+                        })?;
                         Ok::<_, AppError>(())
                     })
                     .unwrap();
@@ -289,7 +396,11 @@ pub fn concurrent_writers<C: SyncConn>(db: TestDatabase) {
     let ids: HashSet<&str> = events.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(ids.len(), events.len(), "duplicate event ids");
     let aggregates: HashSet<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
-    assert_eq!(aggregates.len(), events.len(), "every order has exactly one event");
+    assert_eq!(
+        aggregates.len(),
+        events.len(),
+        "every order has exactly one event"
+    );
     assert_eq!(conn.count(COUNT_ORDERS), THREADS * PER_THREAD);
 }
 

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The project's test command: installs and starts what the tests need, then runs every check
+# and test. Idempotent; works on a fresh development machine and on a plain Debian machine
+# with only Rust installed.
+#
+#   ./scripts/test.sh            # everything: services, fmt, clippy, all tests
+#
+# Environment:
+#   OUTBOX_TEST_POSTGRES_URL  admin URL the tests create databases on
+#                             (default postgres://postgres@127.0.0.1:5432/test)
+#   OUTBOX_TEST_MYSQL_URL     same for MySQL/MariaDB (default mysql://root@127.0.0.1:3306/test)
+#   OUTBOX_SKIP_SERVICES=1    do not install or start services (they are already running)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '==> %s\n' "$*"; }
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_updated=0
+apt_install() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ $apt_updated -eq 0 ]; then as_root apt-get update -qq; apt_updated=1; fi
+  log "installing ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# --- build dependencies: a C toolchain, libpq, the MariaDB/MySQL client library -------------
+apt_install gcc make pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat
+
+# --- PostgreSQL ------------------------------------------------------------------------------
+start_postgres() {
+  if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then return 0; fi
+  local fresh=0
+  if [ ! -d /etc/postgresql ] || [ -z "$(ls /etc/postgresql 2>/dev/null)" ]; then
+    apt_install postgresql postgresql-client
+    fresh=1
+  fi
+  apt_install postgresql-client
+  local ver; ver=$(ls /etc/postgresql | sort -V | tail -n1)
+  if [ $fresh -eq 1 ]; then
+    # A server we installed ourselves: let local TCP connections in without a password, as on
+    # the development machines (never done to a server that was already there).
+    sed -i -E 's/^(host\s+all\s+all\s+(127\.0\.0\.1\/32|::1\/128)\s+)\S+/\1trust/' \
+      "/etc/postgresql/$ver/main/pg_hba.conf"
+  fi
+  log "starting PostgreSQL $ver"
+  as_root pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
+  for _ in $(seq 1 60); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done
+  pg_isready -h 127.0.0.1 -p 5432
+  if [ $fresh -eq 1 ]; then
+    as_root su postgres -c "psql -qc \"CREATE ROLE root SUPERUSER LOGIN\"" 2>/dev/null || true
+    as_root su postgres -c "createdb test" 2>/dev/null || true
+  fi
+}
+
+# --- MariaDB ---------------------------------------------------------------------------------
+mysql_up() { mysqladmin -h 127.0.0.1 -P 3306 -u root --connect-timeout=2 ping >/dev/null 2>&1; }
+start_mariadb() {
+  if mysql_up; then return 0; fi
+  local fresh=0
+  if [ ! -x /usr/sbin/mariadbd ]; then apt_install mariadb-server mariadb-client; fresh=1; fi
+  log "starting MariaDB"
+  as_root mkdir -p /run/mysqld && as_root chown mysql:mysql /run/mysqld 2>/dev/null || true
+  as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
+  for _ in $(seq 1 60); do
+    mysql_up && break
+    # A fresh install lets root in through the socket only: open TCP with an empty password.
+    if [ $fresh -eq 1 ] && as_root mysql -e "SELECT 1" >/dev/null 2>&1; then
+      as_root mysql -e "ALTER USER root@localhost IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD(''); CREATE DATABASE IF NOT EXISTS test;" || true
+    fi
+    sleep 0.5
+  done
+  mysql_up || { echo "MariaDB did not come up on 127.0.0.1:3306" >&2; exit 1; }
+}
+
+if [ "${OUTBOX_SKIP_SERVICES:-0}" != 1 ]; then
+  start_postgres
+  start_mariadb
+  # Databases left by an interrupted earlier run (tests drop their own when they finish).
+  for db in $(psql -h 127.0.0.1 -U postgres -d test -Atc \
+      "SELECT datname FROM pg_database WHERE datname LIKE 'outbox\_t\_%'" 2>/dev/null); do
+    psql -h 127.0.0.1 -U postgres -d test -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true
+  done
+  for db in $(mysql -h 127.0.0.1 -u root -Nse \
+      "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'outbox\_t\_%'" 2>/dev/null); do
+    mysql -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS $db" || true
+  done
+fi
+
+# --- checks and tests --------------------------------------------------------------------------
+log "cargo fmt --check"
+cargo fmt --all -- --check
+log "cargo clippy"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+log "cargo test"
+cargo test --workspace --all-features
