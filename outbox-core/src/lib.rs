@@ -9,6 +9,9 @@
 mod error;
 mod event;
 mod message;
+#[cfg(feature = "relay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
+pub mod relay;
 mod shard;
 
 pub use error::{BoxError, Error};
