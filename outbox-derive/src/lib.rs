@@ -6,6 +6,8 @@ mod attr;
 mod ctxt;
 mod expand;
 mod fallback;
+mod valid;
+mod value;
 
 use proc_macro::TokenStream;
 
