@@ -72,9 +72,16 @@ impl<'a> Event<'a> {
             types: Vec::new(),
             key_fields: Vec::new(),
         };
-        let version = attrs.version.value().map_or(1, |v| v.value);
+        let version = attrs.version.value().copied().unwrap_or(1);
         let topic = attrs.topic.value().cloned();
         let ident = &input.ident;
+        if !attrs.aggregate.seen() && !matches!(input.data, Data::Union(_)) {
+            cx.error_spanned_by(
+                ident,
+                "missing `#[outbox(aggregate = \"...\")]`, every event belongs to an \
+                 aggregate type, e.g. `#[outbox(aggregate = \"order\")]`",
+            );
+        }
         match &input.data {
             Data::Union(data) => {
                 event.is_union = true;
@@ -138,19 +145,12 @@ impl<'a> Event<'a> {
                     event.types.push(EventDef {
                         variant: Some(name),
                         event_type,
-                        version: vattrs.version.value().map_or(version, |v| v.value),
+                        version: vattrs.version.value().copied().unwrap_or(version),
                         topic: vattrs.topic.value().cloned().or_else(|| topic.clone()),
                         key,
                     });
                 }
             }
-        }
-        if !attrs.aggregate.seen() {
-            cx.error_spanned_by(
-                ident,
-                "missing `#[outbox(aggregate = \"...\")]`, every event belongs to an \
-                 aggregate type, e.g. `#[outbox(aggregate = \"order\")]`",
-            );
         }
         event
     }

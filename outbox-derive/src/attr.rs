@@ -1,13 +1,13 @@
-//! Reads `#[outbox(...)]` attributes: which keys are allowed where, their values, and the rules
-//! a single value must follow. Rules that need the whole item (exactly one `aggregate_id`,
-//! unique event types) live in `ast.rs`.
+//! Reads `#[outbox(...)]` attributes: which keys are allowed where, and what each says. Values
+//! are read in `value.rs` and checked in `valid.rs`; rules that need the whole item
+//! (exactly one `aggregate_id`, unique event types) are in `ast.rs`.
 
-use proc_macro2::TokenTree;
-use quote::quote;
 use syn::meta::ParseNestedMeta;
-use syn::{Attribute, Expr, ExprLit, ExprUnary, Lit, LitInt, LitStr, Path, Token, UnOp};
+use syn::{Attribute, LitStr, Path};
 
 use crate::ctxt::Ctxt;
+use crate::valid::{self, TopicKey};
+use crate::value::{crate_value, string_value, take_rest, version_value};
 
 /// Where an `#[outbox(...)]` attribute sits; decides which keys it accepts.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub(crate) enum Position {
 
 /// Every key `#[outbox(...)]` knows, whatever its position.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Key {
+pub(crate) enum Key {
     Aggregate,
     EventType,
     Version,
@@ -35,36 +35,31 @@ enum Key {
     AggregateId,
 }
 
-impl Key {
-    const ALL: [Key; 6] = [
-        Key::Aggregate,
-        Key::EventType,
-        Key::Version,
-        Key::Topic,
-        Key::Crate,
-        Key::AggregateId,
-    ];
+use Key::*;
 
-    fn name(self) -> &'static str {
+impl Key {
+    const ALL: [Key; 6] = [Aggregate, EventType, Version, Topic, Crate, AggregateId];
+
+    pub(crate) fn name(self) -> &'static str {
         match self {
-            Key::Aggregate => "aggregate",
-            Key::EventType => "event_type",
-            Key::Version => "version",
-            Key::Topic => "topic",
-            Key::Crate => "crate",
-            Key::AggregateId => "aggregate_id",
+            Aggregate => "aggregate",
+            EventType => "event_type",
+            Version => "version",
+            Topic => "topic",
+            Crate => "crate",
+            AggregateId => "aggregate_id",
         }
     }
 
-    /// An example of the key with a value, for messages.
-    fn example(self) -> &'static str {
+    /// The key with an example value, for messages.
+    pub(crate) fn example(self) -> &'static str {
         match self {
-            Key::Aggregate => "aggregate = \"order\"",
-            Key::EventType => "event_type = \"OrderCreated\"",
-            Key::Version => "version = 2",
-            Key::Topic => "topic = \"orders\"",
-            Key::Crate => "crate = outbox_core",
-            Key::AggregateId => "aggregate_id",
+            Aggregate => "aggregate = \"order\"",
+            EventType => "event_type = \"OrderCreated\"",
+            Version => "version = 2",
+            Topic => "topic = \"orders\"",
+            Crate => "crate = outbox_core",
+            AggregateId => "aggregate_id",
         }
     }
 }
@@ -72,31 +67,33 @@ impl Key {
 impl Position {
     fn keys(self) -> &'static [Key] {
         match self {
-            Position::Struct => &[
-                Key::Aggregate,
-                Key::EventType,
-                Key::Version,
-                Key::Topic,
-                Key::Crate,
-            ],
-            Position::Enum => &[Key::Aggregate, Key::Version, Key::Topic, Key::Crate],
-            Position::Variant => &[Key::EventType, Key::Version, Key::Topic],
-            Position::StructField | Position::VariantField => &[Key::AggregateId],
+            Position::Struct => &[Aggregate, EventType, Version, Topic, Crate],
+            Position::Enum => &[Aggregate, Version, Topic, Crate],
+            Position::Variant => &[EventType, Version, Topic],
+            Position::StructField | Position::VariantField => &[AggregateId],
         }
     }
 
     fn unknown_key_message(self, key: &str) -> String {
-        let (what, expected) = match self {
-            Position::Struct | Position::Enum => ("attribute", self.keys()),
-            Position::Variant => ("variant attribute", self.keys()),
-            Position::StructField | Position::VariantField => ("field attribute", self.keys()),
+        let what = match self {
+            Position::Struct | Position::Enum => "attribute",
+            Position::Variant => "variant attribute",
+            Position::StructField | Position::VariantField => "field attribute",
         };
-        let list: Vec<String> = expected.iter().map(|k| format!("`{}`", k.name())).collect();
-        let expected = match list.len() {
-            1 => format!("expected {}", list[0]),
-            _ => format!("expected one of {}", list.join(", ")),
+        let names: Vec<String> = self
+            .keys()
+            .iter()
+            .map(|k| format!("`{}`", k.name()))
+            .collect();
+        let expected = match names.as_slice() {
+            [one] => format!("expected {one}"),
+            _ => format!("expected one of {}", names.join(", ")),
         };
-        format!("unknown outbox {what} `{key}`, {expected}")
+        let hint = match self.keys().iter().find(|k| looks_like(key, k.name())) {
+            Some(k) => format!("; did you mean `{}`?", k.name()),
+            None => String::new(),
+        };
+        format!("unknown outbox {what} `{key}`, {expected}{hint}")
     }
 
     /// The message for a key that is valid somewhere, but not here.
@@ -108,25 +105,50 @@ impl Position {
             Position::StructField | Position::VariantField => "a field",
         };
         let there = match (key, self) {
-            (Key::EventType, Position::Enum) => {
+            (EventType, Position::Enum) => {
                 return "`event_type` cannot be used on an enum: each variant is its own event \
                         type, set it on the variant instead"
                     .to_owned();
             }
-            (Key::AggregateId, _) => "on the field that identifies the aggregate",
-            (Key::Aggregate | Key::Crate, Position::Variant | Position::VariantField) => {
-                "on the enum"
-            }
-            (Key::EventType, Position::VariantField) => "on the variant",
-            (Key::Version | Key::Topic, Position::VariantField) => "on the variant or the enum",
+            (AggregateId, _) => "on the field that identifies the aggregate",
+            (Aggregate | Crate, Position::Variant | Position::VariantField) => "on the enum",
+            (EventType, Position::VariantField) => "on the variant",
+            (Version | Topic, Position::VariantField) => "on the variant or the enum",
             _ => "on the struct",
         };
         format!("`{}` cannot be used on {here}, only {there}", key.name())
     }
 }
 
-/// One key's value, remembering whether the key was written at all (a key given with an
-/// invalid value is reported once, not again as missing).
+/// Whether an unknown key is probably a slip for `known`: a typo (one edit away, two for longer
+/// keys), or the known key with a word added or dropped (`aggregate_type`, `type`, `id`).
+fn looks_like(unknown: &str, known: &str) -> bool {
+    let words = |s: &str| s.split('_').map(str::to_owned).collect::<Vec<_>>();
+    let (u, k) = (words(unknown), words(known));
+    let slack = if known.len() >= 6 { 2 } else { 1 };
+    edit_distance(unknown, known) <= slack
+        || (u.len() != k.len() && (u.starts_with(&k) || k.ends_with(&u) || u.ends_with(&k)))
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(above + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// One key's value, remembering whether the key was written at all: a key given with an
+/// invalid value is reported once, not again as missing.
 pub(crate) struct Slot<T> {
     seen: bool,
     value: Option<T>,
@@ -162,28 +184,18 @@ impl<T> Slot<T> {
     }
 }
 
-/// A checked `version`: at least 1, at most `i32::MAX`.
-pub(crate) struct Version {
-    pub(crate) value: u32,
-}
-
-/// Everything `#[outbox(...)]` attributes at one position said. Keys that are not allowed at
-/// that position stay unset (and were reported).
+/// Everything the `#[outbox(...)]` attributes at one position said. Keys not allowed at that
+/// position stay unset (and were reported).
 #[derive(Default)]
 pub(crate) struct Attrs {
     pub(crate) aggregate: Slot<LitStr>,
     pub(crate) event_type: Slot<LitStr>,
-    pub(crate) version: Slot<Version>,
+    pub(crate) version: Slot<u32>,
     pub(crate) topic: Slot<LitStr>,
     pub(crate) krate: Slot<Path>,
     /// The `aggregate_id` path itself, to point at it.
     pub(crate) aggregate_id: Slot<Path>,
 }
-
-/// The largest version: versions are stored in a signed 32-bit column.
-const MAX_VERSION: u64 = i32::MAX as u64;
-/// The longest Kafka topic name.
-const MAX_TOPIC_LEN: usize = 249;
 
 /// Reads every `#[outbox(...)]` among `attrs`, reporting each problem to `cx` and going on.
 pub(crate) fn parse(cx: &Ctxt, attrs: &[Attribute], position: Position) -> Attrs {
@@ -204,48 +216,57 @@ fn parse_key(
 ) -> syn::Result<()> {
     let path = &meta.path;
     let Some(key) = Key::ALL.into_iter().find(|k| path.is_ident(k.name())) else {
-        let name = path_to_string(path);
-        cx.error_spanned_by(path, position.unknown_key_message(&name));
-        return skip_value(meta);
+        cx.error_spanned_by(path, position.unknown_key_message(&path_to_string(path)));
+        return take_rest(meta).map(drop);
     };
     if !position.keys().contains(&key) {
         cx.error_spanned_by(path, position.misplaced_key_message(key));
-        return skip_value(meta);
+        return take_rest(meta).map(drop);
     }
+    let topic_key = |key| match key {
+        Aggregate => TopicKey::Aggregate,
+        _ => TopicKey::Topic,
+    };
     match key {
-        Key::Aggregate | Key::Topic => {
-            let value = string_value(cx, meta, key)?.filter(|lit| check_topic_name(cx, lit, key));
-            let slot = if key == Key::Aggregate {
+        Aggregate | Topic => {
+            let value = string_value(cx, meta, key)?
+                .filter(|lit| check(cx, lit, valid::topic_name(topic_key(key), &lit.value())));
+            let slot = if key == Aggregate {
                 &mut out.aggregate
             } else {
                 &mut out.topic
             };
             slot.set(cx, path, key, value);
         }
-        Key::EventType => {
-            let value = string_value(cx, meta, key)?.filter(|lit| check_event_type(cx, lit));
+        EventType => {
+            let value = string_value(cx, meta, key)?
+                .filter(|lit| check(cx, lit, valid::event_type(&lit.value())));
             out.event_type.set(cx, path, key, value);
         }
-        Key::Version => {
+        Version => {
             let value = version_value(cx, meta)?;
             out.version.set(cx, path, key, value);
         }
-        Key::Crate => {
+        Crate => {
             let value = crate_value(cx, meta)?;
             out.krate.set(cx, path, key, value);
         }
-        Key::AggregateId => {
+        AggregateId => {
             let rest = take_rest(meta)?;
             if !rest.is_empty() {
-                cx.error_spanned_by(
-                    &rest,
-                    "`aggregate_id` is a flag and takes no value, write `#[outbox(aggregate_id)]`",
-                );
+                let msg =
+                    "`aggregate_id` is a flag and takes no value, write `#[outbox(aggregate_id)]`";
+                cx.error_spanned_by(&rest, msg);
             }
             out.aggregate_id.set(cx, path, key, Some(path.clone()));
         }
     }
     Ok(())
+}
+
+/// Reports `result`'s problem at `lit`; whether there was none.
+fn check<T>(cx: &Ctxt, lit: &LitStr, result: Result<T, String>) -> bool {
+    result.map_err(|msg| cx.error_spanned_by(lit, msg)).is_ok()
 }
 
 fn path_to_string(path: &Path) -> String {
@@ -258,227 +279,79 @@ fn path_to_string(path: &Path) -> String {
     format!("{prefix}{}", segments.join("::"))
 }
 
-/// Consumes whatever follows a key up to the next top-level comma.
-fn take_rest(meta: &ParseNestedMeta) -> syn::Result<proc_macro2::TokenStream> {
-    meta.input.step(|cursor| {
-        let mut rest = *cursor;
-        let mut taken = proc_macro2::TokenStream::new();
-        while let Some((tt, next)) = rest.token_tree() {
-            if matches!(&tt, TokenTree::Punct(p) if p.as_char() == ',') {
-                break;
-            }
-            taken.extend([tt]);
-            rest = next;
-        }
-        Ok((taken, rest))
-    })
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn skip_value(meta: &ParseNestedMeta) -> syn::Result<()> {
-    take_rest(meta).map(drop)
-}
-
-/// `= <expr>` after a key; reports a key written without a value.
-fn expr_value(cx: &Ctxt, meta: &ParseNestedMeta, key: Key) -> syn::Result<Option<Expr>> {
-    if !meta.input.peek(Token![=]) {
-        let rest = take_rest(meta)?;
-        let msg = format!("`{}` needs a value, e.g. `{}`", key.name(), key.example());
-        let path = &meta.path;
-        cx.error_spanned_by(quote!(#path #rest), msg);
-        return Ok(None);
+    #[test]
+    fn slips_are_recognised() {
+        assert!(looks_like("aggregate_type", "aggregate"));
+        assert!(looks_like("aggregate_key", "aggregate"));
+        assert!(looks_like("aggregateid", "aggregate_id"));
+        assert!(looks_like("id", "aggregate_id"));
+        assert!(looks_like("type", "event_type"));
+        assert!(looks_like("evnt_type", "event_type"));
+        assert!(looks_like("versions", "version"));
+        assert!(looks_like("verison", "version"));
+        assert!(looks_like("topik", "topic"));
+        assert!(!looks_like("tpoic", "topic"));
+        assert!(!looks_like("colour", "topic"));
+        assert!(!looks_like("name", "event_type"));
+        assert!(!looks_like("aggregate", "aggregate_id"));
     }
-    meta.input.parse::<Token![=]>()?;
-    let mut expr: Expr = meta.input.parse()?;
-    // A value passed through a `macro_rules!` `$x:expr` arrives wrapped in an invisible group.
-    while let Expr::Group(group) = expr {
-        expr = *group.expr;
-    }
-    Ok(Some(expr))
-}
 
-fn found(expr: &Expr) -> &'static str {
-    match expr {
-        Expr::Lit(ExprLit { lit, .. }) => match lit {
-            Lit::Str(_) => "a string",
-            Lit::Int(_) => "an integer",
-            Lit::Float(_) => "a float",
-            Lit::Bool(_) => "a boolean",
-            _ => "a literal of another kind",
-        },
-        Expr::Unary(ExprUnary {
-            op: UnOp::Neg(_), ..
-        }) => "a negative number",
-        Expr::Path(_) => "a path",
-        _ => "an expression",
-    }
-}
-
-fn string_value(cx: &Ctxt, meta: &ParseNestedMeta, key: Key) -> syn::Result<Option<LitStr>> {
-    Ok(expr_value(cx, meta, key)?.and_then(|expr| match expr {
-        Expr::Lit(ExprLit {
-            lit: Lit::Str(lit), ..
-        }) => Some(lit),
-        other => {
-            let msg = format!(
-                "expected a string literal for `{}`, found {}, e.g. `{}`",
-                key.name(),
-                found(&other),
-                key.example()
-            );
-            cx.error_spanned_by(&other, msg);
-            None
-        }
-    }))
-}
-
-fn version_value(cx: &Ctxt, meta: &ParseNestedMeta) -> syn::Result<Option<Version>> {
-    let Some(expr) = expr_value(cx, meta, Key::Version)? else {
-        return Ok(None);
-    };
-    match &expr {
-        Expr::Lit(ExprLit {
-            lit: Lit::Int(lit), ..
-        }) => Ok(check_version(cx, lit)),
-        Expr::Lit(ExprLit {
-            lit: Lit::Str(lit), ..
-        }) => {
-            let hint = match lit.value().trim().parse::<u64>() {
-                Ok(n) => format!("write `version = {n}` without quotes"),
-                Err(_) => "e.g. `version = 2`".to_owned(),
-            };
-            cx.error_spanned_by(
-                lit,
-                format!("expected an integer for `version`, found a string, {hint}"),
-            );
-            Ok(None)
-        }
-        Expr::Unary(ExprUnary {
-            op: UnOp::Neg(_), ..
-        }) => {
-            cx.error_spanned_by(&expr, "`version` must be at least 1");
-            Ok(None)
-        }
-        other => {
-            let msg = format!(
-                "expected an integer for `version`, found {}, e.g. `version = 2`",
-                found(other)
-            );
-            cx.error_spanned_by(other, msg);
-            Ok(None)
-        }
-    }
-}
-
-fn check_version(cx: &Ctxt, lit: &LitInt) -> Option<Version> {
-    if !matches!(
-        lit.suffix(),
-        "" | "u8" | "u16" | "u32" | "u64" | "i8" | "i16" | "i32" | "i64"
-    ) {
-        cx.error_spanned_by(
-            lit,
-            format!(
-                "`version` must be a plain integer, found the suffix `{}`",
-                lit.suffix()
-            ),
+    #[test]
+    fn unknown_key_messages_list_the_keys_of_the_position() {
+        assert_eq!(
+            Position::Variant.unknown_key_message("colour"),
+            "unknown outbox variant attribute `colour`, expected one of `event_type`, `version`, `topic`"
         );
-        return None;
-    }
-    // Digits that do not fit a u64 are certainly too large.
-    let value = lit.base10_parse::<u64>().unwrap_or(u64::MAX);
-    if value == 0 {
-        cx.error_spanned_by(lit, "`version` must be at least 1, versions start at 1");
-        return None;
-    }
-    if value > MAX_VERSION {
-        cx.error_spanned_by(
-            lit,
-            format!(
-                "`version` must be at most {MAX_VERSION} (it is stored as a signed 32-bit integer)"
-            ),
+        assert_eq!(
+            Position::StructField.unknown_key_message("id"),
+            "unknown outbox field attribute `id`, expected `aggregate_id`; did you mean `aggregate_id`?"
         );
-        return None;
     }
-    Some(Version {
-        value: value as u32,
-    })
-}
 
-/// `crate = some::path` or `crate = "some::path"`.
-fn crate_value(cx: &Ctxt, meta: &ParseNestedMeta) -> syn::Result<Option<Path>> {
-    if !meta.input.peek(Token![=]) {
-        return expr_value(cx, meta, Key::Crate).map(|_| None);
+    fn parse_struct(attrs: syn::DeriveInput) -> (Attrs, Vec<String>) {
+        let cx = Ctxt::new();
+        let out = parse(&cx, &attrs.attrs, Position::Struct);
+        let errors = match cx.check() {
+            Ok(()) => Vec::new(),
+            Err(err) => err.into_iter().map(|e| e.to_string()).collect(),
+        };
+        (out, errors)
     }
-    let value = meta.value()?;
-    if value.peek(LitStr) {
-        let lit: LitStr = value.parse()?;
-        return Ok(match lit.parse::<Path>() {
-            Ok(path) => Some(path),
-            Err(_) => {
-                let msg = format!(
-                    "`crate` must name a path, e.g. `crate = outbox_core`, found `{}`",
-                    lit.value()
-                );
-                cx.error_spanned_by(&lit, msg);
-                None
-            }
+
+    #[test]
+    fn values_are_read() {
+        let (attrs, errors) = parse_struct(syn::parse_quote! {
+            #[outbox(aggregate = "order", event_type = "OrderCreated", version = 3u32)]
+            #[outbox(topic = "orders", crate = "::outbox_core")]
+            struct S;
         });
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(attrs.aggregate.value().unwrap().value(), "order");
+        assert_eq!(attrs.event_type.value().unwrap().value(), "OrderCreated");
+        assert_eq!(attrs.version.value(), Some(&3));
+        assert_eq!(attrs.topic.value().unwrap().value(), "orders");
+        let krate = attrs.krate.value().unwrap();
+        assert_eq!(quote::quote!(#krate).to_string(), ":: outbox_core");
     }
-    if value.peek(Lit) {
-        let lit: Lit = value.parse()?;
-        cx.error_spanned_by(&lit, "`crate` must name a path, e.g. `crate = outbox_core`");
-        return Ok(None);
+
+    #[test]
+    fn every_mistake_is_reported_and_parsing_goes_on() {
+        let (attrs, errors) = parse_struct(syn::parse_quote! {
+            #[outbox(colour(red, green), version = "x", aggregate = "a", aggregate = 1, topic)]
+            struct S;
+        });
+        assert_eq!(errors.len(), 5, "{errors:?}");
+        assert!(errors[0].starts_with("unknown outbox attribute `colour`"));
+        assert!(errors[1].starts_with("expected an integer for `version`"));
+        // The second `aggregate` is both of the wrong kind and a duplicate.
+        assert!(errors[2].starts_with("expected a string literal for `aggregate`"));
+        assert_eq!(errors[3], "duplicate outbox attribute `aggregate`");
+        assert!(errors[4].starts_with("`topic` needs a value"));
+        assert_eq!(attrs.aggregate.value().unwrap().value(), "a");
+        assert!(attrs.version.seen() && attrs.version.value().is_none());
     }
-    Ok(Some(value.call(Path::parse_mod_style)?))
-}
-
-/// The rules of a Kafka topic name, for `aggregate` (the default topic) and `topic`.
-fn check_topic_name(cx: &Ctxt, lit: &LitStr, key: Key) -> bool {
-    let value = lit.value();
-    let name = key.name();
-    let why = match key {
-        Key::Aggregate => " (the aggregate names the default topic)",
-        _ => "",
-    };
-    let problem = if value.is_empty() {
-        format!("`{name}` must not be empty")
-    } else if value == "." || value == ".." {
-        format!("`{name}` cannot be `{value}`, Kafka reserves it{why}")
-    } else if let Some(c) = value
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        format!(
-            "`{name}` contains {c:?}, which a Kafka topic name cannot contain{why}; \
-             use ASCII letters, digits, `.`, `_` or `-`"
-        )
-    } else if value.len() > MAX_TOPIC_LEN {
-        format!(
-            "`{name}` is {} characters long, a Kafka topic name has at most {MAX_TOPIC_LEN}{why}",
-            value.len()
-        )
-    } else {
-        return true;
-    };
-    cx.error_spanned_by(lit, problem);
-    false
-}
-
-fn check_event_type(cx: &Ctxt, lit: &LitStr) -> bool {
-    let value = lit.value();
-    let problem = if value.is_empty() {
-        "`event_type` must not be empty".to_owned()
-    } else if value.trim().is_empty() {
-        "`event_type` must not be blank".to_owned()
-    } else if value.trim() != value {
-        format!(
-            "`event_type` must not start or end with whitespace, write `{:?}`",
-            value.trim()
-        )
-    } else if let Some(c) = value.chars().find(|c| c.is_control()) {
-        format!("`event_type` must not contain control characters, found {c:?}")
-    } else {
-        return true;
-    };
-    cx.error_spanned_by(lit, problem);
-    false
 }

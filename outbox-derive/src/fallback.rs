@@ -13,8 +13,8 @@ use crate::expand::{bounded_generics, key_call, private};
 pub(crate) fn expand(event: &Event<'_>, errors: &syn::Error) -> TokenStream {
     let errors = errors.to_compile_error();
     if event.is_union {
-        // No `Serialize` impl can exist for a union (serde refuses them), so an impl of
-        // `OutboxEvent` would add an error of its own.
+        // serde cannot derive `Serialize` for a union, so an impl of `OutboxEvent` (whose
+        // supertrait it is) would almost surely add an error of its own.
         return errors;
     }
     let private = private(event);
