@@ -118,6 +118,7 @@ impl TestDatabase {
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
+        #[allow(unused_imports)]
         use diesel::{Connection, RunQueryDsl};
         match &self.kind {
             #[cfg(feature = "postgres")]

@@ -1,6 +1,22 @@
 //! The relay: claims committed outbox rows, publishes them outside any transaction, and marks
 //! them published only where it still holds their lease.
+//!
+//! The loop, per batch: **claim** up to `batch_size` pending rows in one short committed
+//! statement (a lease: `locked_by`, `locked_until`, `attempts + 1`); **publish** them with no
+//! transaction, row lock or connection checkout held; **settle** each message: mark it
+//! published (or delete it), schedule a retry with exponential backoff and jitter, dead-letter
+//! it after `max_attempts`, or release it. Settling only touches rows whose lease is still
+//! this relay's (fencing), so a relay that stalled past its lease cannot overwrite another's
+//! work. Delivery is at least once: a relay can publish and die before it marks.
 
+mod config;
+mod engine;
+mod memory;
 mod publisher;
+mod store;
 
+pub use config::{Backoff, DeadLetterPolicy, Mode, RelayConfig, Retention, default_relay_id};
+pub use engine::{Relay, RelayStats};
+pub use memory::{MemoryBroker, MemoryStore, Record, message_headers, test_message};
 pub use publisher::{Delivery, OutboxMessage, Publisher};
+pub use store::{Claim, ClaimOrder, Completion, Failure, RelayStore, ShardAssignment, StoreError};

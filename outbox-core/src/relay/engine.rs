@@ -1,0 +1,403 @@
+//! The relay loop.
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{
+    Claim, ClaimOrder, DeadLetterPolicy, Delivery, Failure, Mode, OutboxMessage, Publisher,
+    RelayConfig, RelayStore, StoreError,
+};
+
+/// Runs a store call until it succeeds or `deadline` passes (then the rows go back to the
+/// pool by lease expiry), backing off between tries.
+macro_rules! retry_until {
+    ($self:ident, $deadline:expr, $call:expr) => {{
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            match $call.await {
+                Ok(v) => break Some(v),
+                Err(e) => {
+                    RelayStats::add(&$self.stats.store_errors, 1);
+                    let wait = $self.config.outage_backoff.delay(attempt, $self.rng.unit());
+                    if Instant::now() + wait >= $deadline {
+                        tracing::error!(error = %e, "could not settle a batch before its lease ran out; its rows will be claimed again");
+                        break None;
+                    }
+                    tracing::warn!(error = %e, retry_in = ?wait, "settling a batch failed, retrying");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }};
+}
+
+/// Counters of a running relay, shared with whoever holds [`Relay::stats`].
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    /// Rows claimed.
+    pub claimed: AtomicU64,
+    /// Rows published and marked (or deleted).
+    pub published: AtomicU64,
+    /// Failed publishes recorded for retry.
+    pub retried: AtomicU64,
+    /// Rows dead-lettered.
+    pub dead_lettered: AtomicU64,
+    /// Rows given back unpublished (not attempted, or on shutdown).
+    pub released: AtomicU64,
+    /// Rows published whose lease had passed to another relay before they could be marked
+    /// (they will be published again: at-least-once).
+    pub fenced: AtomicU64,
+    /// Non-empty batches.
+    pub batches: AtomicU64,
+    /// Store errors (each followed by a backoff).
+    pub store_errors: AtomicU64,
+    /// Whether this relay currently owns work (leader mode: is the leader; sharded mode:
+    /// holds at least one shard; unordered: always).
+    pub active: AtomicBool,
+    /// Shards held (sharded mode).
+    pub shards: AtomicU64,
+}
+
+impl RelayStats {
+    fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// A relay: claims batches from a [`RelayStore`], publishes them with a [`Publisher`]
+/// outside any transaction, and settles each message (published, retry later, dead letter,
+/// or released) only where it still holds the lease.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use outbox_core::relay::{MemoryBroker, MemoryStore, Relay, RelayConfig};
+/// let store = MemoryStore::default();
+/// store.insert(outbox_core::relay::test_message("order", "1", "OrderCreated"));
+/// let broker = std::sync::Arc::new(MemoryBroker::new());
+/// let relay = Relay::new(store.clone(), broker.clone(), RelayConfig::default()).unwrap();
+/// let stats = relay.stats();
+/// // Run until the outbox is drained, then shut down gracefully.
+/// relay.run(async move { while !store.is_drained() { tokio::task::yield_now().await } }).await;
+/// assert_eq!(broker.records("order").len(), 1);
+/// assert_eq!(stats.published.load(std::sync::atomic::Ordering::Relaxed), 1);
+/// # }
+/// ```
+pub struct Relay<S, P> {
+    store: S,
+    publisher: P,
+    config: RelayConfig,
+    stats: Arc<RelayStats>,
+    rng: SplitMix,
+}
+
+impl<S: RelayStore, P: Publisher> Relay<S, P> {
+    /// A relay over `store` and `publisher`; fails if `config` does not
+    /// [`validate`](RelayConfig::validate).
+    pub fn new(store: S, publisher: P, config: RelayConfig) -> Result<Self, String> {
+        config.validate()?;
+        Ok(Relay {
+            store,
+            publisher,
+            config,
+            stats: Arc::default(),
+            rng: SplitMix::seeded(),
+        })
+    }
+
+    /// The relay's counters.
+    pub fn stats(&self) -> Arc<RelayStats> {
+        self.stats.clone()
+    }
+
+    /// Runs until `shutdown` completes, then finishes the batch in flight, gives up its
+    /// leases (shards, leadership, rows) and returns. Database and broker outages are
+    /// retried with backoff forever: the relay recovers on its own.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()> + Send) {
+        let mut shutdown = pin!(shutdown);
+        let mut stopping = false;
+        let mut outage = 0u32;
+        let mut next_ownership = Instant::now();
+        let mut active = self.config.mode == Mode::Unordered;
+        let mut next_cleanup = Instant::now();
+        self.stats.active.store(active, Ordering::Relaxed);
+        tracing::info!(relay = %self.config.relay_id, mode = ?self.config.mode, "relay started");
+
+        while !stopping {
+            // Poll shutdown without waiting.
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => { stopping = true; continue; }
+                _ = std::future::ready(()) => {}
+            }
+
+            if self.config.mode != Mode::Unordered && Instant::now() >= next_ownership {
+                match self.renew_ownership().await {
+                    Ok(now_active) => {
+                        if now_active != active {
+                            tracing::info!(relay = %self.config.relay_id, active = now_active, "relay ownership changed");
+                        }
+                        active = now_active;
+                        self.stats.active.store(active, Ordering::Relaxed);
+                        next_ownership = Instant::now() + self.config.lease / 3;
+                    }
+                    Err(e) => {
+                        self.outage_wait(&mut shutdown, &mut stopping, &mut outage, e)
+                            .await;
+                        continue;
+                    }
+                }
+            }
+            if !active {
+                let wait = self.config.poll_interval.min(self.config.lease / 3);
+                sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
+                continue;
+            }
+
+            if let Some(retention) = self.config.retention {
+                if Instant::now() >= next_cleanup {
+                    next_cleanup = Instant::now() + retention.every;
+                    match self.store.cleanup(retention.keep, retention.batch).await {
+                        Ok(n) if n > 0 => tracing::debug!(deleted = n, "retention cleanup"),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "retention cleanup failed"),
+                    }
+                }
+            }
+
+            let claim = Claim {
+                relay: &self.config.relay_id,
+                limit: self.config.batch_size,
+                lease: self.config.lease,
+                order: self.claim_order(),
+            };
+            let batch = match self.store.claim(&claim).await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    self.outage_wait(&mut shutdown, &mut stopping, &mut outage, e)
+                        .await;
+                    continue;
+                }
+            };
+            outage = 0;
+            if batch.is_empty() {
+                tokio::select! {
+                    _ = &mut shutdown => stopping = true,
+                    _ = self.store.wait_for_work(self.config.poll_interval) => {}
+                }
+                continue;
+            }
+            RelayStats::add(&self.stats.claimed, batch.len());
+            RelayStats::add(&self.stats.batches, 1);
+
+            let deliveries = match tokio::time::timeout(
+                self.config.publish_timeout,
+                self.publisher.publish(&batch),
+            )
+            .await
+            {
+                Ok(d) => d,
+                Err(_) => vec![
+                    Delivery::Failed(format!(
+                        "publish timed out after {:?}",
+                        self.config.publish_timeout
+                    ));
+                    batch.len()
+                ],
+            };
+            self.settle(&batch, deliveries).await;
+        }
+
+        // Graceful shutdown: the batch in flight is settled; give up every lease.
+        for attempt in 1..=3u32 {
+            match self.store.release_all(&self.config.relay_id).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, attempt, "relay could not release its leases");
+                    tokio::time::sleep(self.config.outage_backoff.delay(attempt, 0.5)).await;
+                }
+            }
+        }
+        self.stats.active.store(false, Ordering::Relaxed);
+        tracing::info!(relay = %self.config.relay_id, "relay stopped");
+    }
+
+    fn claim_order(&self) -> ClaimOrder {
+        let dead_letters_block = self.config.dead_letters == DeadLetterPolicy::Block;
+        match self.config.mode {
+            Mode::Unordered => ClaimOrder::Unordered,
+            Mode::Sharded => ClaimOrder::Ordered {
+                owned_shards_only: true,
+                leader_only: false,
+                dead_letters_block,
+            },
+            Mode::Leader => ClaimOrder::Ordered {
+                owned_shards_only: false,
+                leader_only: true,
+                dead_letters_block,
+            },
+        }
+    }
+
+    async fn renew_ownership(&mut self) -> Result<bool, StoreError> {
+        let relay = &self.config.relay_id;
+        match self.config.mode {
+            Mode::Unordered => Ok(true),
+            Mode::Leader => {
+                self.store
+                    .acquire_leadership(relay, self.config.lease)
+                    .await
+            }
+            Mode::Sharded => {
+                let assignment = self
+                    .store
+                    .rebalance_shards(relay, self.config.lease)
+                    .await?;
+                self.stats
+                    .shards
+                    .store(assignment.owned.len() as u64, Ordering::Relaxed);
+                Ok(!assignment.owned.is_empty())
+            }
+        }
+    }
+
+    async fn outage_wait(
+        &mut self,
+        shutdown: &mut std::pin::Pin<&mut (impl Future<Output = ()> + Send)>,
+        stopping: &mut bool,
+        outage: &mut u32,
+        error: StoreError,
+    ) {
+        *outage = outage.saturating_add(1);
+        RelayStats::add(&self.stats.store_errors, 1);
+        let wait = self.config.outage_backoff.delay(*outage, self.rng.unit());
+        tracing::warn!(error = %error, retry_in = ?wait, "outbox store unavailable");
+        sleep_or_stop(shutdown, stopping, wait).await;
+    }
+
+    /// Records each message's outcome. Store errors here are retried until the lease would
+    /// have run out; after that the rows return to the pool by lease expiry (and published
+    /// ones are published again: at-least-once).
+    async fn settle(&mut self, batch: &[OutboxMessage], mut deliveries: Vec<Delivery>) {
+        if deliveries.len() != batch.len() {
+            tracing::error!(
+                expected = batch.len(),
+                got = deliveries.len(),
+                "publisher broke its contract: wrong number of outcomes"
+            );
+            deliveries.resize(
+                batch.len(),
+                Delivery::Failed("publisher returned no outcome for this message".into()),
+            );
+        }
+        let mut published = Vec::new();
+        let mut failures = Vec::new();
+        let mut released = Vec::new();
+        let mut dead = 0usize;
+        for (message, delivery) in batch.iter().zip(deliveries) {
+            match delivery {
+                Delivery::Published => published.push(message.seq),
+                Delivery::NotAttempted => released.push(message.seq),
+                Delivery::Failed(error) => {
+                    let attempt = u32::try_from(message.attempts).unwrap_or(1).max(1);
+                    let retry_after = if attempt >= self.config.max_attempts {
+                        dead += 1;
+                        tracing::error!(
+                            seq = message.seq, id = %message.id, event_type = %message.event_type,
+                            attempts = attempt, error = %error, "event dead-lettered"
+                        );
+                        None
+                    } else {
+                        tracing::warn!(
+                            seq = message.seq, id = %message.id, attempts = attempt, error = %error,
+                            "publish failed, will retry"
+                        );
+                        Some(self.config.backoff.delay(attempt, self.rng.unit()))
+                    };
+                    failures.push(Failure {
+                        seq: message.seq,
+                        error,
+                        retry_after,
+                    });
+                }
+            }
+        }
+
+        let relay = self.config.relay_id.as_str();
+        let deadline = Instant::now() + self.config.lease;
+        let completion = self.config.completion;
+        if !published.is_empty() {
+            if let Some(n) = retry_until!(
+                self,
+                deadline,
+                self.store.complete(relay, &published, completion)
+            ) {
+                RelayStats::add(&self.stats.published, n as usize);
+                let fenced = published.len().saturating_sub(n as usize);
+                if fenced > 0 {
+                    tracing::warn!(
+                        fenced,
+                        "published rows whose lease had passed to another relay"
+                    );
+                }
+                RelayStats::add(&self.stats.fenced, fenced);
+            }
+        }
+        if !failures.is_empty()
+            && retry_until!(self, deadline, self.store.fail(relay, &failures)).is_some()
+        {
+            RelayStats::add(&self.stats.retried, failures.len() - dead);
+            RelayStats::add(&self.stats.dead_lettered, dead);
+        }
+        if !released.is_empty() {
+            if let Some(n) = retry_until!(self, deadline, self.store.release(relay, &released)) {
+                RelayStats::add(&self.stats.released, n as usize);
+            }
+        }
+    }
+}
+
+async fn sleep_or_stop(
+    shutdown: &mut std::pin::Pin<&mut (impl Future<Output = ()> + Send)>,
+    stopping: &mut bool,
+    wait: Duration,
+) {
+    tokio::select! {
+        _ = shutdown => *stopping = true,
+        _ = tokio::time::sleep(wait) => {}
+    }
+}
+
+/// A small, fast, seedable generator for jitter (no dependency needed for that).
+#[derive(Debug, Clone)]
+pub(crate) struct SplitMix(u64);
+
+impl SplitMix {
+    pub(crate) fn seeded() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        SplitMix(
+            nanos ^ (u64::from(std::process::id()) << 32) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        )
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..1`.
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}

@@ -1,0 +1,177 @@
+//! What the relay needs of a database: [`RelayStore`].
+
+use std::time::Duration;
+
+use super::OutboxMessage;
+use crate::BoxError;
+
+/// How a claim picks rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOrder {
+    /// Any pending rows not leased by another relay (`FOR UPDATE SKIP LOCKED`): any number of
+    /// relays, no ordering promise.
+    Unordered,
+    /// Per-aggregate order: a row is claimed only if no earlier pending row of its aggregate
+    /// is blocked (leased by another relay, waiting for a retry, or dead-lettered while
+    /// `dead_letters_block`). In sharded mode only rows of shards this relay holds a live lease
+    /// on; in leader mode only while this relay holds the leadership lease. Both checks are
+    /// part of the claim statement itself, so a relay that lost its lease claims nothing.
+    Ordered {
+        /// Restrict to the shards this relay owns (sharded mode).
+        owned_shards_only: bool,
+        /// Require the leadership lease (leader mode).
+        leader_only: bool,
+        /// Whether a dead-lettered event blocks the later events of its aggregate.
+        dead_letters_block: bool,
+    },
+}
+
+/// One claim request.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    /// The claiming relay's id; becomes the rows' `locked_by`.
+    pub relay: &'a str,
+    /// At most this many rows.
+    pub limit: usize,
+    /// The rows are leased until now (database clock) plus this.
+    pub lease: Duration,
+    /// Which rows may be claimed.
+    pub order: ClaimOrder,
+}
+
+/// A failed publish to record on a leased row.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// The row.
+    pub seq: i64,
+    /// What went wrong (stored in `last_error`).
+    pub error: String,
+    /// Retry after this long (database clock), or `None` to dead-letter the row.
+    pub retry_after: Option<Duration>,
+}
+
+/// What happens to a published row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Completion {
+    /// Set `published_at` (and delete it later with retention cleanup).
+    #[default]
+    MarkPublished,
+    /// Delete the row at once.
+    Delete,
+}
+
+/// Shards held after a rebalance.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardAssignment {
+    /// The shards this relay now holds leases on.
+    pub owned: Vec<i16>,
+    /// How many relays are alive (heartbeat not expired), this one included.
+    pub live_relays: usize,
+}
+
+/// An error from the store. The relay logs it, backs off, and tries again: a store is
+/// expected to reconnect on its next call after a lost connection.
+#[derive(Debug)]
+pub struct StoreError {
+    /// What the store was doing, e.g. `"claim"`.
+    pub operation: &'static str,
+    /// The underlying error.
+    pub source: BoxError,
+}
+
+impl StoreError {
+    /// An error during `operation`.
+    pub fn new(operation: &'static str, source: impl Into<BoxError>) -> Self {
+        StoreError {
+            operation,
+            source: source.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "outbox store failed to {}: {}",
+            self.operation, self.source
+        )
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// The relay's view of the database. Every method is one short, committed unit of work:
+/// the relay never holds a transaction, a row lock or a connection checkout across a
+/// publish.
+///
+/// `outbox-diesel` implements it for PostgreSQL, MySQL/MariaDB and SQLite.
+pub trait RelayStore: Send + 'static {
+    /// Leases up to `claim.limit` pending rows (`attempts + 1`, `locked_by`, `locked_until`)
+    /// and returns them in `seq` order.
+    fn claim(
+        &mut self,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = Result<Vec<OutboxMessage>, StoreError>> + Send;
+
+    /// Marks `seqs` published (or deletes them), only where `relay` still holds the lease.
+    /// Returns how many rows it changed.
+    fn complete(
+        &mut self,
+        relay: &str,
+        seqs: &[i64],
+        completion: Completion,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Records failures (backoff or dead letter), only where `relay` still holds the lease.
+    fn fail(
+        &mut self,
+        relay: &str,
+        failures: &[Failure],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Gives leased rows back without counting an attempt (`attempts - 1`), only where `relay`
+    /// still holds the lease.
+    fn release(
+        &mut self,
+        relay: &str,
+        seqs: &[i64],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Takes or renews the leadership lease; `true` if `relay` is the leader until now plus
+    /// `lease`.
+    fn acquire_leadership(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Heartbeats `relay`, renews its shard leases and moves toward a fair share
+    /// (`ceil(SHARD_COUNT / live relays)`): takes free or expired shards, gives up surplus.
+    fn rebalance_shards(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<ShardAssignment, StoreError>> + Send;
+
+    /// Gives up everything `relay` holds: shard leases, leadership, its heartbeat, and row
+    /// leases (without counting an attempt). Called on graceful shutdown.
+    fn release_all(&mut self, relay: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Deletes up to `limit` rows published more than `older_than` ago; returns how many.
+    fn cleanup(
+        &mut self,
+        older_than: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Waits until new rows may be there: a notification (PostgreSQL `LISTEN`) or `timeout`.
+    /// The default just sleeps.
+    fn wait_for_work(&mut self, timeout: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(timeout)
+    }
+}

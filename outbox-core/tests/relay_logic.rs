@@ -1,0 +1,386 @@
+//! The relay's logic against the in-memory store and broker: ordering under failures,
+//! leases, leadership, dead letters, outages and shutdown. (The same relay against real
+//! databases and a real Kafka-protocol broker is tested in the workspace's integration tests.)
+#![cfg(feature = "relay")]
+#![allow(missing_docs)]
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use outbox_core::relay::*;
+
+fn fast(mode: Mode) -> RelayConfig {
+    RelayConfig {
+        mode,
+        batch_size: 64,
+        poll_interval: Duration::from_millis(5),
+        lease: Duration::from_millis(600),
+        publish_timeout: Duration::from_millis(300),
+        max_attempts: 50,
+        backoff: Backoff {
+            initial: Duration::from_millis(2),
+            max: Duration::from_millis(20),
+            multiplier: 2.0,
+            jitter: 0.5,
+        },
+        outage_backoff: Backoff {
+            initial: Duration::from_millis(2),
+            max: Duration::from_millis(20),
+            multiplier: 2.0,
+            jitter: 0.5,
+        },
+        ..RelayConfig::default()
+    }
+}
+
+fn fill(store: &MemoryStore, aggregates: usize, per_aggregate: usize) -> usize {
+    for i in 0..per_aggregate {
+        for a in 0..aggregates {
+            store.insert(test_message("order", &a.to_string(), &format!("E{i}")));
+        }
+    }
+    aggregates * per_aggregate
+}
+
+/// Runs `n` relays until the store is drained (or the deadline passes), then stops them.
+async fn run_relays(
+    store: &MemoryStore,
+    broker: &Arc<MemoryBroker>,
+    configs: Vec<RelayConfig>,
+    deadline: Duration,
+) -> Vec<Arc<RelayStats>> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut handles = Vec::new();
+    let mut stats = Vec::new();
+    for config in configs {
+        let relay = Relay::new(store.clone(), broker.clone(), config).unwrap();
+        stats.push(relay.stats());
+        let mut rx = stop_rx.clone();
+        handles.push(tokio::spawn(relay.run(async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        })));
+    }
+    let start = tokio::time::Instant::now();
+    while !store.is_drained() && start.elapsed() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop_tx.send(true).unwrap();
+    for h in handles {
+        h.await.unwrap();
+    }
+    stats
+}
+
+/// Per key, the event ids at the broker must be increasing (UUIDv7 ids are created in insert
+/// order), and every inserted event must be there.
+fn assert_ordered_and_complete(broker: &MemoryBroker, expected: usize) {
+    let records = broker.all_records();
+    let mut last: HashMap<&str, uuid::Uuid> = HashMap::new();
+    for r in &records {
+        if let Some(prev) = last.insert(r.key.as_str(), r.id) {
+            assert!(
+                prev < r.id,
+                "key {}: {} published after {}",
+                r.key,
+                r.id,
+                prev
+            );
+        }
+    }
+    let distinct: HashSet<_> = records.iter().map(|r| r.id).collect();
+    assert_eq!(distinct.len(), expected, "every event delivered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unordered_relays_deliver_everything_once() {
+    let store = MemoryStore::default();
+    let n = fill(&store, 50, 40);
+    let broker = Arc::new(MemoryBroker::new());
+    let configs = (0..4).map(|_| fast(Mode::Unordered)).collect();
+    let stats = run_relays(&store, &broker, configs, Duration::from_secs(20)).await;
+    assert!(store.is_drained());
+    let records = broker.all_records();
+    assert_eq!(records.len(), n, "no crash, so no duplicates");
+    let published: u64 = stats
+        .iter()
+        .map(|s| s.published.load(Ordering::Relaxed))
+        .sum();
+    assert_eq!(published, n as u64);
+}
+
+/// Random failures (10 % of publishes) with 4 sharded relays: every event arrives, and per
+/// aggregate never out of order. Several seeds, as a property.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_relays_keep_order_under_random_failures() {
+    for seed in 1..=5u64 {
+        let store = MemoryStore::default();
+        let n = fill(&store, 40, 25);
+        let broker = Arc::new(MemoryBroker::new());
+        let state = std::sync::Mutex::new(seed);
+        broker.fail_when(move |m| {
+            let mut s = state.lock().unwrap();
+            *s ^= *s << 13;
+            *s ^= *s >> 7;
+            *s ^= *s << 17;
+            (*s % 10 == 0).then(|| format!("injected failure for {}", m.seq))
+        });
+        let configs = (0..4).map(|_| fast(Mode::Sharded)).collect();
+        let stats = run_relays(&store, &broker, configs, Duration::from_secs(30)).await;
+        assert!(
+            store.is_drained(),
+            "seed {seed}: {} pending",
+            store.pending()
+        );
+        assert_ordered_and_complete(&broker, n);
+        assert_eq!(
+            broker.all_records().len(),
+            n,
+            "seed {seed}: no crash, no duplicates"
+        );
+        let retried: u64 = stats
+            .iter()
+            .map(|s| s.retried.load(Ordering::Relaxed))
+            .sum();
+        assert!(retried > 0, "seed {seed}: failures were injected");
+        let active = stats
+            .iter()
+            .filter(|s| s.shards.load(Ordering::Relaxed) > 0)
+            .count();
+        assert!(active >= 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_mode_has_one_active_relay_and_keeps_order() {
+    let store = MemoryStore::default();
+    let n = fill(&store, 20, 20);
+    let broker = Arc::new(MemoryBroker::new());
+    let configs = (0..3).map(|_| fast(Mode::Leader)).collect();
+    let stats = run_relays(&store, &broker, configs, Duration::from_secs(20)).await;
+    assert!(store.is_drained());
+    assert_ordered_and_complete(&broker, n);
+    let publishers = stats
+        .iter()
+        .filter(|s| s.published.load(Ordering::Relaxed) > 0)
+        .count();
+    assert_eq!(publishers, 1, "only the leader published");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_takes_over_when_leader_stops() {
+    let store = MemoryStore::default();
+    let broker = Arc::new(MemoryBroker::new());
+    let mut first = fast(Mode::Leader);
+    first.relay_id = "first".into();
+    let relay = Relay::new(store.clone(), broker.clone(), first).unwrap();
+    let first_stats = relay.stats();
+    let (stop_first, rx) = tokio::sync::oneshot::channel::<()>();
+    let h1 = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(first_stats.active.load(Ordering::Relaxed));
+
+    let mut second = fast(Mode::Leader);
+    second.relay_id = "second".into();
+    let relay = Relay::new(store.clone(), broker.clone(), second).unwrap();
+    let second_stats = relay.stats();
+    let (stop_second, rx) = tokio::sync::oneshot::channel::<()>();
+    let h2 = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !second_stats.active.load(Ordering::Relaxed),
+        "standby while the leader lives"
+    );
+
+    stop_first.send(()).unwrap();
+    h1.await.unwrap();
+    fill(&store, 3, 3);
+    let start = std::time::Instant::now();
+    while !store.is_drained() && start.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(store.is_drained(), "the standby took over");
+    assert!(second_stats.active.load(Ordering::Relaxed));
+    stop_second.send(()).unwrap();
+    h2.await.unwrap();
+}
+
+/// A poison event is retried, then dead-lettered with its error; with `Block` the later
+/// events of its aggregate wait, with `Skip` they flow; other aggregates flow either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_event_is_dead_lettered_and_blocks_or_skips() {
+    for policy in [DeadLetterPolicy::Block, DeadLetterPolicy::Skip] {
+        let store = MemoryStore::default();
+        store.insert(test_message("order", "poisoned", "E0"));
+        store.insert(test_message("order", "poisoned", "E1"));
+        store.insert(test_message("order", "healthy", "E0"));
+        store.insert(test_message("order", "poisoned", "E2"));
+        store.insert(test_message("order", "healthy", "E1"));
+        let broker = Arc::new(MemoryBroker::new());
+        broker.fail_when(|m| {
+            (m.aggregate_id == "poisoned" && m.event_type == "E0")
+                .then(|| "message too large".to_owned())
+        });
+        let config = RelayConfig {
+            max_attempts: 3,
+            dead_letters: policy,
+            ..fast(Mode::Sharded)
+        };
+        let stats = run_relays(&store, &broker, vec![config], Duration::from_millis(1500)).await;
+        let dead = store.dead_letters();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].1, "message too large");
+        assert_eq!(stats[0].dead_lettered.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            stats[0].retried.load(Ordering::Relaxed),
+            2,
+            "retried before dead-lettering"
+        );
+        let keys: Vec<(String, String)> = broker
+            .all_records()
+            .into_iter()
+            .map(|r| (r.key.clone(), r.header("event_type").unwrap().to_owned()))
+            .collect();
+        let healthy: Vec<_> = keys.iter().filter(|(k, _)| k == "healthy").collect();
+        assert_eq!(healthy.len(), 2, "{policy:?}: other aggregates flow");
+        let poisoned: Vec<&str> = keys
+            .iter()
+            .filter(|(k, _)| k == "poisoned")
+            .map(|(_, t)| t.as_str())
+            .collect();
+        match policy {
+            DeadLetterPolicy::Block => {
+                assert!(
+                    poisoned.is_empty(),
+                    "blocked behind the dead letter: {poisoned:?}"
+                );
+                assert_eq!(store.pending(), 2);
+            }
+            DeadLetterPolicy::Skip => {
+                assert_eq!(poisoned, ["E1", "E2"]);
+                assert_eq!(store.pending(), 0);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_recovers_from_store_and_broker_outages() {
+    let store = MemoryStore::default();
+    let n = fill(&store, 10, 10);
+    let broker = Arc::new(MemoryBroker::new());
+    broker.set_available(false);
+    store.fail_next_calls(20);
+    let broker2 = broker.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        broker2.set_available(true);
+    });
+    let stats = run_relays(
+        &store,
+        &broker,
+        vec![fast(Mode::Sharded)],
+        Duration::from_secs(20),
+    )
+    .await;
+    assert!(store.is_drained());
+    assert_ordered_and_complete(&broker, n);
+    assert!(stats[0].store_errors.load(Ordering::Relaxed) >= 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_everything() {
+    let store = MemoryStore::default();
+    fill(&store, 5, 5);
+    let broker = Arc::new(MemoryBroker::new());
+    broker.set_available(false); // nothing gets published; rows stay leased between tries
+    let mut config = fast(Mode::Sharded);
+    config.relay_id = "leaving".into();
+    let relay = Relay::new(store.clone(), broker.clone(), config).unwrap();
+    let h = tokio::spawn(relay.run(tokio::time::sleep(Duration::from_millis(200))));
+    h.await.unwrap();
+    // Everything the relay held is free: another relay claims at once, rows and shards.
+    let mut other = store.clone();
+    let shards = other
+        .rebalance_shards("other", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(shards.owned.len(), 256);
+    let claim = Claim {
+        relay: "other",
+        limit: 100,
+        lease: Duration::from_secs(5),
+        order: ClaimOrder::Ordered {
+            owned_shards_only: true,
+            leader_only: false,
+            dead_letters_block: true,
+        },
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await; // past the retry backoff
+    let claimed = other.claim(&claim).await.unwrap();
+    assert_eq!(
+        claimed.len(),
+        25,
+        "no row is still leased by the stopped relay"
+    );
+}
+
+#[test]
+fn backoff_grows_and_is_bounded() {
+    let b = Backoff::default();
+    assert_eq!(b.delay(1, 0.5), Duration::from_secs(1));
+    assert_eq!(b.delay(2, 0.5), Duration::from_secs(2));
+    assert_eq!(b.delay(30, 0.5), Duration::from_secs(300));
+    assert!(
+        b.delay(3, 0.0) >= Duration::from_millis(3200)
+            && b.delay(3, 1.0) <= Duration::from_millis(4800)
+    );
+}
+
+#[test]
+fn config_validation_names_the_setting() {
+    for (config, needle) in [
+        (
+            RelayConfig {
+                batch_size: 0,
+                ..RelayConfig::default()
+            },
+            "batch_size",
+        ),
+        (
+            RelayConfig {
+                max_attempts: 0,
+                ..RelayConfig::default()
+            },
+            "max_attempts",
+        ),
+        (
+            RelayConfig {
+                relay_id: String::new(),
+                ..RelayConfig::default()
+            },
+            "relay_id",
+        ),
+        (
+            RelayConfig {
+                publish_timeout: Duration::from_secs(31),
+                ..RelayConfig::default()
+            },
+            "publish_timeout",
+        ),
+    ] {
+        assert!(config.validate().unwrap_err().contains(needle), "{needle}");
+    }
+    assert_eq!("sharded".parse::<Mode>(), Ok(Mode::Sharded));
+    assert!(
+        "round-robin"
+            .parse::<Mode>()
+            .unwrap_err()
+            .contains("round-robin")
+    );
+}
