@@ -48,6 +48,7 @@
 //!   `SyncConnectionWrapper<SqliteConnection>`), with `transaction_with_outbox` taking an async
 //!   closure.
 //! - `r2d2`: Diesel's r2d2 pool; pooled connections work unchanged.
+//! - `relay`: the relay engine and its stores (implies `async`).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use outbox_core::{
@@ -65,6 +66,18 @@ pub use outbox_diesel::{
 pub use outbox_diesel::{
     AsyncOutboxConnection, OutboxFunc, publish_async, publish_with_headers_async,
 };
+
+/// The relay: publishes committed outbox rows to a broker, at least once.
+///
+/// [`Relay`](relay::Relay) runs the loop over a store (`PgRelayStore`, `MysqlRelayStore`,
+/// `SqliteRelayStore`) and a [`Publisher`](relay::Publisher) (Kafka with the `kafka` feature,
+/// or the [`MemoryBroker`](relay::MemoryBroker)).
+#[cfg(feature = "relay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
+pub mod relay {
+    pub use outbox_core::relay::*;
+    pub use outbox_diesel::relay::*;
+}
 
 /// The outbox's schema migrations: [`migrations::run`] (sync) and `migrations::run_async`.
 pub mod migrations {

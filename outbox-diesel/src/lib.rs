@@ -18,6 +18,9 @@ mod tx;
 
 #[cfg(feature = "async")]
 mod async_;
+#[cfg(feature = "relay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
+pub mod relay;
 
 pub use backend::OutboxBackend;
 pub use sync::{OutboxConnection, publish, publish_with_headers};

@@ -36,11 +36,20 @@ macro_rules! embed {
 }
 
 #[cfg(feature = "postgres_backend")]
-pub(crate) const POSTGRES: &[Migration] = embed!("postgres": "20261129000001" _ "create_outbox");
+pub(crate) const POSTGRES: &[Migration] = embed!("postgres":
+    "20261129000001" _ "create_outbox",
+    "20261129000002" _ "relay_leases",
+);
 #[cfg(feature = "mysql_backend")]
-pub(crate) const MYSQL: &[Migration] = embed!("mysql": "20261129000001" _ "create_outbox");
+pub(crate) const MYSQL: &[Migration] = embed!("mysql":
+    "20261129000001" _ "create_outbox",
+    "20261129000002" _ "relay_leases",
+);
 #[cfg(feature = "sqlite")]
-pub(crate) const SQLITE: &[Migration] = embed!("sqlite": "20261129000001" _ "create_outbox");
+pub(crate) const SQLITE: &[Migration] = embed!("sqlite":
+    "20261129000001" _ "create_outbox",
+    "20261129000002" _ "relay_leases",
+);
 
 /// A row of `__diesel_schema_migrations`. Public only because the runner's bounds name it.
 #[doc(hidden)]
@@ -87,7 +96,7 @@ pub fn list<DB: OutboxBackend>() -> &'static [Migration] {
 /// use diesel::prelude::*;
 /// let mut conn = SqliteConnection::establish(":memory:")?;
 /// let applied = outbox_diesel::migrations::run(&mut conn)?;
-/// assert_eq!(applied, ["20261129000001"]);
+/// assert_eq!(applied, ["20261129000001", "20261129000002"]);
 /// assert!(outbox_diesel::migrations::run(&mut conn)?.is_empty()); // idempotent
 /// # Ok(())
 /// # }
@@ -108,7 +117,7 @@ where
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use diesel_async::{AsyncConnection, sync_connection_wrapper::SyncConnectionWrapper};
 /// let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await?;
-/// assert_eq!(outbox_diesel::migrations::run_async(&mut conn).await?, ["20261129000001"]);
+/// assert_eq!(outbox_diesel::migrations::run_async(&mut conn).await?.len(), 2);
 /// # Ok(())
 /// # }
 /// ```

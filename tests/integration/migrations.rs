@@ -47,7 +47,14 @@ fn mysql_schema() {
     )
     .get_result::<Count>(&mut conn)
     .unwrap();
-    assert_eq!(idx.n, 5, "primary, id unique, and three pending indexes");
+    assert_eq!(
+        idx.n, 6,
+        "primary, id unique, three pending indexes, dead-aggregate"
+    );
+    let shards = diesel::sql_query("SELECT COUNT(*) AS n FROM outbox_shard_leases")
+        .get_result::<Count>(&mut conn)
+        .unwrap();
+    assert_eq!(shards.n, 256);
     revert_and_reapply(&mut conn);
 }
 
@@ -64,6 +71,10 @@ fn sqlite_schema() {
     .get_result::<Count>(&mut conn)
     .unwrap();
     assert_eq!(idx.n, 2);
+    let shards = diesel::sql_query("SELECT COUNT(*) AS n FROM outbox_shard_leases")
+        .get_result::<Count>(&mut conn)
+        .unwrap();
+    assert_eq!(shards.n, 256);
     // The CHECK constraints hold for rows other programs insert.
     let bad = diesel::sql_query(
         "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version, \
@@ -87,5 +98,8 @@ where
         ))
         .unwrap();
     }
-    assert_eq!(outbox::migrations::run(conn).unwrap(), ["20261129000001"]);
+    assert_eq!(
+        outbox::migrations::run(conn).unwrap(),
+        ["20261129000001", "20261129000002"]
+    );
 }

@@ -1,0 +1,19 @@
+//! Relay stores: [`RelayStore`](outbox_core::relay::RelayStore) on PostgreSQL, MySQL/MariaDB
+//! and SQLite, over diesel-async connections.
+//!
+//! Every method is one short, committed statement (MySQL: one short transaction, as it has
+//! no `UPDATE … RETURNING`), and no method holds a connection, a transaction or a row lock
+//! while the relay publishes. A store owns one connection and reconnects on the call after
+//! an error, so the relay survives a database restart.
+//!
+//! Times are the database's clock (PostgreSQL, MySQL) so relays on different hosts agree on
+//! lease expiry; SQLite runs in-process, so its clock is the relay's.
+
+mod common;
+#[cfg(feature = "postgres_backend")]
+mod pg;
+
+pub use common::{ConnectError, connect_error};
+#[cfg(feature = "postgres_backend")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use pg::PgRelayStore;

@@ -1,0 +1,482 @@
+//! The PostgreSQL relay store.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::QueryableByName;
+use diesel::sql_types::{
+    Array, BigInt, Bool, Double, Integer, Nullable, SmallInt, Text, Timestamptz,
+};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_core::relay::{
+    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
+};
+
+use super::common::{connect_error, fair_share, parse_headers, secs};
+
+/// The channel writers notify and relays listen on.
+pub const NOTIFY_CHANNEL: &str = "outbox_events";
+
+/// Session settings of relay connections. `force_custom_plan`: a claim planned once as a
+/// generic plan while the table was empty can keep a sequential-scan plan after the table
+/// fills (measured: claims of 80–100 s); custom plans are re-planned with the real values.
+const SESSION_SQL: &str = "SET plan_cache_mode = force_custom_plan; \
+     SET application_name = 'outbox-relay'; \
+     SET statement_timeout = '60s'";
+
+const RETURNING: &str = "RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, \
+     o.event_version, o.payload::text AS payload, o.headers::text AS headers, o.topic, o.shard, \
+     o.created_at, o.attempts";
+
+/// Unordered: any pending, unleased rows; rows another relay is claiming are skipped.
+const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
+     SET locked_by = $1, locked_until = now() + make_interval(secs => $2), attempts = o.attempts + 1 \
+     FROM (SELECT seq FROM outbox_events \
+           WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now() \
+             AND (locked_until IS NULL OR locked_until < now()) \
+           ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED) c \
+     WHERE o.seq = c.seq ";
+
+/// Ordered: a row qualifies only if no earlier pending row of its aggregate is blocked
+/// (leased by someone, or waiting for a retry) and, when `$6`, no earlier one is dead.
+/// `$4`: only shards this relay holds a live lease on; `$5`: only while it holds the
+/// leadership lease. No SKIP LOCKED: skipping a locked earlier row could let a later one of
+/// the same aggregate through; a brief wait is the price of order.
+const CLAIM_ORDERED: &str = "UPDATE outbox_events o \
+     SET locked_by = $1, locked_until = now() + make_interval(secs => $2), attempts = o.attempts + 1 \
+     FROM (SELECT e.seq FROM outbox_events e \
+           WHERE e.published_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now() \
+             AND (e.locked_until IS NULL OR e.locked_until < now()) \
+             AND (NOT $4 OR e.shard IN (SELECT shard FROM outbox_shard_leases \
+                                        WHERE owner = $1 AND lease_until > now())) \
+             AND (NOT $5 OR EXISTS (SELECT 1 FROM outbox_leader \
+                                    WHERE name = 'relay' AND holder = $1 AND lease_until > now())) \
+             AND NOT EXISTS (SELECT 1 FROM outbox_events p \
+                             WHERE p.aggregate_type = e.aggregate_type \
+                               AND p.aggregate_id = e.aggregate_id AND p.seq < e.seq \
+                               AND p.published_at IS NULL AND p.dead_at IS NULL \
+                               AND (p.available_at > now() OR p.locked_until >= now())) \
+             AND (NOT $6 OR NOT EXISTS (SELECT 1 FROM outbox_events d \
+                             WHERE d.aggregate_type = e.aggregate_type \
+                               AND d.aggregate_id = e.aggregate_id AND d.seq < e.seq \
+                               AND d.dead_at IS NOT NULL AND d.published_at IS NULL)) \
+           ORDER BY e.seq LIMIT $3 FOR UPDATE OF e) c \
+     WHERE o.seq = c.seq ";
+
+const COMPLETE_MARK: &str = "UPDATE outbox_events \
+     SET published_at = now(), locked_by = NULL, locked_until = NULL \
+     WHERE seq = ANY($2) AND locked_by = $1";
+
+const COMPLETE_DELETE: &str = "DELETE FROM outbox_events WHERE seq = ANY($2) AND locked_by = $1";
+
+const FAIL: &str = "UPDATE outbox_events o \
+     SET locked_by = NULL, locked_until = NULL, last_error = f.error, \
+         available_at = CASE WHEN f.dead THEN o.available_at \
+                             ELSE now() + make_interval(secs => f.delay) END, \
+         dead_at = CASE WHEN f.dead THEN now() END \
+     FROM unnest($2::bigint[], $3::float8[], $4::text[], $5::bool[]) AS f(seq, delay, error, dead) \
+     WHERE o.seq = f.seq AND o.locked_by = $1";
+
+const RELEASE: &str = "UPDATE outbox_events \
+     SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1 \
+     WHERE seq = ANY($2) AND locked_by = $1";
+
+const RELEASE_ALL_ROWS: &str = "UPDATE outbox_events \
+     SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1 \
+     WHERE locked_by = $1 AND published_at IS NULL AND dead_at IS NULL";
+
+const LEAD: &str = "INSERT INTO outbox_leader (name, holder, lease_until) \
+     VALUES ('relay', $1, now() + make_interval(secs => $2)) \
+     ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, lease_until = EXCLUDED.lease_until \
+     WHERE outbox_leader.holder = EXCLUDED.holder OR outbox_leader.lease_until < now() \
+     RETURNING holder";
+
+const HEARTBEAT: &str = "INSERT INTO outbox_relays (relay_id, heartbeat_until) \
+     VALUES ($1, now() + make_interval(secs => $2)) \
+     ON CONFLICT (relay_id) DO UPDATE SET heartbeat_until = EXCLUDED.heartbeat_until";
+
+const LIVE_RELAYS: &str = "SELECT COUNT(*) AS n FROM outbox_relays WHERE heartbeat_until > now()";
+
+const FORGET_DEAD_RELAYS: &str =
+    "DELETE FROM outbox_relays WHERE heartbeat_until < now() - interval '1 hour'";
+
+const RENEW_SHARDS: &str = "UPDATE outbox_shard_leases \
+     SET lease_until = now() + make_interval(secs => $2) WHERE owner = $1 RETURNING shard";
+
+const GIVE_UP_SHARDS: &str = "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL \
+     WHERE owner = $1 AND shard = ANY($2)";
+
+const TAKE_SHARDS: &str = "UPDATE outbox_shard_leases \
+     SET owner = $1, lease_until = now() + make_interval(secs => $2) \
+     WHERE shard IN (SELECT shard FROM outbox_shard_leases \
+                     WHERE owner IS NULL OR lease_until < now() \
+                     ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED) \
+     RETURNING shard";
+
+const RELEASE_SHARDS: &str =
+    "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL WHERE owner = $1";
+const RELEASE_LEADER: &str = "DELETE FROM outbox_leader WHERE holder = $1";
+const FORGET_RELAY: &str = "DELETE FROM outbox_relays WHERE relay_id = $1";
+
+const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
+     SELECT seq FROM outbox_events \
+     WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1) \
+     ORDER BY published_at LIMIT $2)";
+
+#[derive(QueryableByName)]
+struct Row {
+    #[diesel(sql_type = BigInt)]
+    seq: i64,
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    id: uuid::Uuid,
+    #[diesel(sql_type = Text)]
+    aggregate_type: String,
+    #[diesel(sql_type = Text)]
+    aggregate_id: String,
+    #[diesel(sql_type = Text)]
+    event_type: String,
+    #[diesel(sql_type = Integer)]
+    event_version: i32,
+    #[diesel(sql_type = Text)]
+    payload: String,
+    #[diesel(sql_type = Text)]
+    headers: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    topic: Option<String>,
+    #[diesel(sql_type = SmallInt)]
+    shard: i16,
+    #[diesel(sql_type = Timestamptz)]
+    created_at: DateTime<Utc>,
+    #[diesel(sql_type = Integer)]
+    attempts: i32,
+}
+
+impl From<Row> for OutboxMessage {
+    fn from(r: Row) -> Self {
+        OutboxMessage {
+            seq: r.seq,
+            id: r.id,
+            aggregate_type: r.aggregate_type,
+            aggregate_id: r.aggregate_id,
+            event_type: r.event_type,
+            event_version: r.event_version,
+            headers: parse_headers(&r.headers),
+            payload: r.payload,
+            topic: r.topic,
+            shard: r.shard,
+            created_at: r.created_at,
+            attempts: r.attempts,
+        }
+    }
+}
+
+#[derive(QueryableByName)]
+struct ShardRow {
+    #[diesel(sql_type = SmallInt)]
+    shard: i16,
+}
+
+#[derive(QueryableByName)]
+struct CountRow {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(QueryableByName)]
+struct HolderRow {
+    #[diesel(sql_type = Text)]
+    #[allow(dead_code)]
+    holder: String,
+}
+
+/// The relay store on PostgreSQL: `FOR UPDATE SKIP LOCKED` claims for unordered mode,
+/// head-of-line ordered claims fenced by shard or leadership leases for the ordered modes,
+/// set-based marks (`= ANY($seqs)`, `unnest` for failures), and `LISTEN outbox_events` on a
+/// second connection to wake up early.
+///
+/// ```no_run
+/// # async fn run() {
+/// use outbox_diesel::relay::PgRelayStore;
+/// let store = PgRelayStore::new("postgres://postgres@127.0.0.1/app");
+/// # }
+/// ```
+pub struct PgRelayStore {
+    url: String,
+    conn: Option<AsyncPgConnection>,
+    listener: Option<AsyncPgConnection>,
+    listen: bool,
+}
+
+impl PgRelayStore {
+    /// A store for the database at `url`; it connects on first use and after errors.
+    pub fn new(url: impl Into<String>) -> Self {
+        PgRelayStore {
+            url: url.into(),
+            conn: None,
+            listener: None,
+            listen: true,
+        }
+    }
+
+    /// Whether to `LISTEN` for writers' notifications (default `true`); without it the relay
+    /// polls at its poll interval.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
+    /// Connects now (otherwise the first call does), so that a bad URL or an unreachable
+    /// server is reported at start-up.
+    pub async fn connect(&mut self) -> Result<(), StoreError> {
+        self.conn().await.map(|_| ())
+    }
+
+    async fn conn(&mut self) -> Result<&mut AsyncPgConnection, StoreError> {
+        if self.conn.is_none() {
+            let mut conn = AsyncPgConnection::establish(&self.url)
+                .await
+                .map_err(|e| connect_error("PostgreSQL", e))?;
+            conn.batch_execute(SESSION_SQL)
+                .await
+                .map_err(|e| StoreError::new("configure the session", e))?;
+            self.conn = Some(conn);
+        }
+        self.conn
+            .as_mut()
+            .ok_or_else(|| StoreError::new("connect", "no connection"))
+    }
+
+    /// Passes a result through; after an error the connection is dropped and the next call
+    /// reconnects (the error may be a lost connection).
+    fn check<T>(&mut self, op: &'static str, r: diesel::QueryResult<T>) -> Result<T, StoreError> {
+        r.map_err(|e| {
+            self.conn = None;
+            StoreError::new(op, e)
+        })
+    }
+}
+
+impl RelayStore for PgRelayStore {
+    async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
+        let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX);
+        let conn = self.conn().await?;
+        let r = match claim.order {
+            ClaimOrder::Unordered => {
+                diesel::sql_query(format!("{CLAIM_UNORDERED}{RETURNING}"))
+                    .bind::<Text, _>(claim.relay)
+                    .bind::<Double, _>(secs(claim.lease))
+                    .bind::<BigInt, _>(limit)
+                    .load::<Row>(conn)
+                    .await
+            }
+            ClaimOrder::Ordered {
+                owned_shards_only,
+                leader_only,
+                dead_letters_block,
+            } => {
+                diesel::sql_query(format!("{CLAIM_ORDERED}{RETURNING}"))
+                    .bind::<Text, _>(claim.relay)
+                    .bind::<Double, _>(secs(claim.lease))
+                    .bind::<BigInt, _>(limit)
+                    .bind::<Bool, _>(owned_shards_only)
+                    .bind::<Bool, _>(leader_only)
+                    .bind::<Bool, _>(dead_letters_block)
+                    .load::<Row>(conn)
+                    .await
+            }
+        };
+        let mut rows: Vec<OutboxMessage> = self
+            .check("claim", r)?
+            .into_iter()
+            .map(OutboxMessage::from)
+            .collect();
+        // RETURNING does not promise an order.
+        rows.sort_unstable_by_key(|m| m.seq);
+        Ok(rows)
+    }
+
+    async fn complete(
+        &mut self,
+        relay: &str,
+        seqs: &[i64],
+        completion: Completion,
+    ) -> Result<u64, StoreError> {
+        let sql = match completion {
+            Completion::MarkPublished => COMPLETE_MARK,
+            Completion::Delete => COMPLETE_DELETE,
+        };
+        let conn = self.conn().await?;
+        let r = diesel::sql_query(sql)
+            .bind::<Text, _>(relay)
+            .bind::<Array<BigInt>, _>(seqs)
+            .execute(conn)
+            .await;
+        self.check("mark published", r).map(|n| n as u64)
+    }
+
+    async fn fail(&mut self, relay: &str, failures: &[Failure]) -> Result<u64, StoreError> {
+        let seqs: Vec<i64> = failures.iter().map(|f| f.seq).collect();
+        let delays: Vec<f64> = failures
+            .iter()
+            .map(|f| f.retry_after.map(secs).unwrap_or(0.0))
+            .collect();
+        let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
+        let dead: Vec<bool> = failures.iter().map(|f| f.retry_after.is_none()).collect();
+        let conn = self.conn().await?;
+        let r = diesel::sql_query(FAIL)
+            .bind::<Text, _>(relay)
+            .bind::<Array<BigInt>, _>(&seqs)
+            .bind::<Array<Double>, _>(&delays)
+            .bind::<Array<Text>, _>(&errors)
+            .bind::<Array<Bool>, _>(&dead)
+            .execute(conn)
+            .await;
+        self.check("record failures", r).map(|n| n as u64)
+    }
+
+    async fn release(&mut self, relay: &str, seqs: &[i64]) -> Result<u64, StoreError> {
+        let conn = self.conn().await?;
+        let r = diesel::sql_query(RELEASE)
+            .bind::<Text, _>(relay)
+            .bind::<Array<BigInt>, _>(seqs)
+            .execute(conn)
+            .await;
+        self.check("release", r).map(|n| n as u64)
+    }
+
+    async fn acquire_leadership(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let conn = self.conn().await?;
+        let r = diesel::sql_query(LEAD)
+            .bind::<Text, _>(relay)
+            .bind::<Double, _>(secs(lease))
+            .load::<HolderRow>(conn)
+            .await;
+        self.check("acquire leadership", r)
+            .map(|rows| !rows.is_empty())
+    }
+
+    async fn rebalance_shards(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+    ) -> Result<ShardAssignment, StoreError> {
+        let conn = self.conn().await?;
+        let r = async {
+            diesel::sql_query(HEARTBEAT)
+                .bind::<Text, _>(relay)
+                .bind::<Double, _>(secs(lease))
+                .execute(conn)
+                .await?;
+            diesel::sql_query(FORGET_DEAD_RELAYS).execute(conn).await?;
+            let live = diesel::sql_query(LIVE_RELAYS)
+                .get_result::<CountRow>(conn)
+                .await?
+                .n;
+            let fair = fair_share(live);
+            let mut owned: Vec<i16> = diesel::sql_query(RENEW_SHARDS)
+                .bind::<Text, _>(relay)
+                .bind::<Double, _>(secs(lease))
+                .load::<ShardRow>(conn)
+                .await?
+                .into_iter()
+                .map(|r| r.shard)
+                .collect();
+            owned.sort_unstable();
+            let fair_usize = usize::try_from(fair).unwrap_or(usize::MAX);
+            if owned.len() > fair_usize {
+                let surplus = owned.split_off(fair_usize);
+                diesel::sql_query(GIVE_UP_SHARDS)
+                    .bind::<Text, _>(relay)
+                    .bind::<Array<SmallInt>, _>(&surplus)
+                    .execute(conn)
+                    .await?;
+            } else if owned.len() < fair_usize {
+                let want = fair - owned.len() as i64;
+                let taken = diesel::sql_query(TAKE_SHARDS)
+                    .bind::<Text, _>(relay)
+                    .bind::<Double, _>(secs(lease))
+                    .bind::<BigInt, _>(want)
+                    .load::<ShardRow>(conn)
+                    .await?;
+                owned.extend(taken.into_iter().map(|r| r.shard));
+                owned.sort_unstable();
+            }
+            Ok(ShardAssignment {
+                owned,
+                live_relays: usize::try_from(live).unwrap_or(1),
+            })
+        }
+        .await;
+        self.check("rebalance shards", r)
+    }
+
+    async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
+        let conn = self.conn().await?;
+        let r = async {
+            for sql in [
+                RELEASE_ALL_ROWS,
+                RELEASE_SHARDS,
+                RELEASE_LEADER,
+                FORGET_RELAY,
+            ] {
+                diesel::sql_query(sql)
+                    .bind::<Text, _>(relay)
+                    .execute(conn)
+                    .await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.check("release leases", r)
+    }
+
+    async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
+        let conn = self.conn().await?;
+        let r = diesel::sql_query(CLEANUP)
+            .bind::<Double, _>(secs(older_than))
+            .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(conn)
+            .await;
+        self.check("clean up", r).map(|n| n as u64)
+    }
+
+    async fn wait_for_work(&mut self, timeout: Duration) {
+        if !self.listen {
+            tokio::time::sleep(timeout).await;
+            return;
+        }
+        if self.listener.is_none() {
+            match AsyncPgConnection::establish(&self.url).await {
+                Ok(mut l) => match l.batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}")).await {
+                    Ok(()) => self.listener = Some(l),
+                    Err(e) => tracing::warn!(error = %e, "LISTEN failed; polling"),
+                },
+                Err(e) => tracing::warn!(error = %e, "listener connection failed; polling"),
+            }
+        }
+        let Some(listener) = self.listener.as_mut() else {
+            tokio::time::sleep(timeout).await;
+            return;
+        };
+        use futures_util::StreamExt;
+        let lost = {
+            let mut stream = std::pin::pin!(listener.notifications_stream());
+            match tokio::time::timeout(timeout, stream.next()).await {
+                // A notification only wakes the relay; it never carries data.
+                Ok(Some(Ok(_))) | Err(_) => false,
+                Ok(Some(Err(e))) => {
+                    tracing::warn!(error = %e, "listener connection lost; reconnecting later");
+                    true
+                }
+                Ok(None) => true,
+            }
+        };
+        if lost {
+            self.listener = None;
+        }
+    }
+}

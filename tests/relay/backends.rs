@@ -1,0 +1,78 @@
+//! Per-backend test plumbing: a relay store on a test database, and filling its outbox.
+
+use outbox::relay::RelayStore;
+
+use crate::support::*;
+
+/// What the generic store tests need of a backend.
+pub trait Backend: 'static {
+    type Store: RelayStore;
+    /// A fresh database with the migrations applied.
+    fn database(label: &str) -> TestDatabase;
+    /// A relay store on it.
+    fn store(db: &TestDatabase) -> Self::Store;
+    /// Writes `per_aggregate` events for each of `aggregates` aggregates, interleaved
+    /// (E0 of every aggregate, then E1, ...), through `transaction_with_outbox`.
+    fn fill(db: &TestDatabase, aggregates: usize, per_aggregate: usize);
+    /// Runs a statement.
+    fn exec(db: &TestDatabase, sql: &str);
+    /// `SELECT COUNT(*) AS n ...`.
+    fn count(db: &TestDatabase, sql: &str) -> i64;
+}
+
+macro_rules! fill_with {
+    ($conn:ty, $db:expr, $aggregates:expr, $per:expr) => {{
+        use diesel::Connection;
+        use outbox::prelude::*;
+        let mut conn = <$conn>::establish(&$db.url).unwrap();
+        let mut all = Vec::new();
+        for i in 0..$per {
+            for a in 0..$aggregates {
+                all.push(OrderEvent::Paid {
+                    order_id: a as i64,
+                    amount: i as i64,
+                });
+            }
+        }
+        for chunk in all.chunks(2000) {
+            conn.transaction_with_outbox(|tx| {
+                for e in chunk {
+                    tx.publish(e)?;
+                }
+                Ok::<_, AppError>(())
+            })
+            .unwrap();
+        }
+    }};
+}
+pub(crate) use fill_with;
+
+#[cfg(feature = "postgres")]
+pub struct Postgres;
+
+#[cfg(feature = "postgres")]
+impl Backend for Postgres {
+    type Store = outbox::relay::PgRelayStore;
+    fn database(label: &str) -> TestDatabase {
+        TestDatabase::postgres(label)
+    }
+    fn store(db: &TestDatabase) -> Self::Store {
+        outbox::relay::PgRelayStore::new(&db.url)
+    }
+    fn fill(db: &TestDatabase, aggregates: usize, per_aggregate: usize) {
+        fill_with!(diesel::PgConnection, db, aggregates, per_aggregate)
+    }
+    fn exec(db: &TestDatabase, sql: &str) {
+        use diesel::{Connection, RunQueryDsl};
+        let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
+        diesel::sql_query(sql).execute(&mut conn).unwrap();
+    }
+    fn count(db: &TestDatabase, sql: &str) -> i64 {
+        use diesel::{Connection, RunQueryDsl};
+        let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
+        diesel::sql_query(sql)
+            .get_result::<Count>(&mut conn)
+            .unwrap()
+            .n
+    }
+}

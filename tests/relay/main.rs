@@ -1,0 +1,14 @@
+//! The relay against real databases: the stores' contract (leases, fencing, head-of-line
+//! order, leadership, shards, cleanup) and whole relays draining real outboxes.
+//!
+//! Run with `cargo test --all-features --test relay`.
+#![allow(missing_docs)]
+
+#[path = "../integration/support.rs"]
+mod support;
+
+mod backends;
+mod store_suite;
+
+#[cfg(feature = "postgres")]
+mod postgres;

@@ -1,0 +1,430 @@
+//! The store contract, once, for every backend.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use outbox::relay::*;
+
+use crate::backends::Backend;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn unordered(relay: &str, limit: usize) -> Claim<'_> {
+    Claim {
+        relay,
+        limit,
+        lease: LEASE,
+        order: ClaimOrder::Unordered,
+    }
+}
+
+fn ordered(relay: &str, limit: usize, shards: bool, leader: bool, dead_block: bool) -> Claim<'_> {
+    Claim {
+        relay,
+        limit,
+        lease: LEASE,
+        order: ClaimOrder::Ordered {
+            owned_shards_only: shards,
+            leader_only: leader,
+            dead_letters_block: dead_block,
+        },
+    }
+}
+
+fn seqs(m: &[OutboxMessage]) -> Vec<i64> {
+    m.iter().map(|m| m.seq).collect()
+}
+
+pub async fn claim_leases_and_fences<B: Backend>() {
+    let db = B::database("claim");
+    B::fill(&db, 10, 1);
+    let (mut a, mut b) = (B::store(&db), B::store(&db));
+    let first = a.claim(&unordered("a", 4)).await.unwrap();
+    assert_eq!(first.len(), 4);
+    assert!(
+        first.windows(2).all(|w| w[0].seq < w[1].seq),
+        "in seq order"
+    );
+    assert!(first.iter().all(|m| m.attempts == 1));
+    let m = &first[0];
+    assert_eq!(
+        (
+            m.aggregate_type.as_str(),
+            m.event_type.as_str(),
+            m.event_version
+        ),
+        ("order", "Paid", 1)
+    );
+    assert_eq!(m.topic(), "order-lifecycle");
+    assert_eq!(m.shard, outbox::shard_of("order", &m.aggregate_id));
+    let payload: serde_json::Value = serde_json::from_str(&m.payload).unwrap();
+    assert_eq!(payload["Paid"]["order_id"].to_string(), m.aggregate_id);
+
+    let second = b.claim(&unordered("b", 100)).await.unwrap();
+    assert_eq!(second.len(), 6, "leased rows are not claimed twice");
+    assert!(b.claim(&unordered("b", 100)).await.unwrap().is_empty());
+
+    // Fencing: b cannot settle a's rows.
+    assert_eq!(
+        b.complete("b", &seqs(&first), Completion::MarkPublished)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        a.complete("a", &seqs(&first), Completion::MarkPublished)
+            .await
+            .unwrap(),
+        4
+    );
+    // Released rows come back, without an attempt counted.
+    assert_eq!(b.release("b", &seqs(&second)).await.unwrap(), 6);
+    let again = a.claim(&unordered("a", 100)).await.unwrap();
+    assert_eq!(seqs(&again), seqs(&second));
+    assert!(
+        again.iter().all(|m| m.attempts == 1),
+        "release gave the attempt back"
+    );
+    assert_eq!(
+        a.complete("a", &seqs(&again), Completion::Delete)
+            .await
+            .unwrap(),
+        6
+    );
+    assert_eq!(
+        B::count(&db, "SELECT COUNT(*) AS n FROM outbox_events"),
+        4,
+        "deleted on completion"
+    );
+    assert_eq!(
+        B::count(
+            &db,
+            "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NOT NULL AND locked_by IS NULL"
+        ),
+        4
+    );
+}
+
+pub async fn ordered_claims_block_per_aggregate<B: Backend>() {
+    let db = B::database("ordered");
+    B::fill(&db, 2, 3); // a0 b0 a1 b1 a2 b2 (aggregates "0" and "1")
+    let mut s = B::store(&db);
+    let all = s
+        .claim(&ordered("r", 100, false, false, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        all.len(),
+        6,
+        "consecutive claimable events of an aggregate come together"
+    );
+    let (zero, one): (Vec<_>, Vec<_>) = all.iter().partition(|m| m.aggregate_id == "0");
+    // Aggregate 0's head fails; its later events were not attempted.
+    let fail = [Failure {
+        seq: zero[0].seq,
+        error: "broker said no".into(),
+        retry_after: Some(Duration::from_millis(500)),
+    }];
+    assert_eq!(s.fail("r", &fail).await.unwrap(), 1);
+    assert_eq!(
+        s.release("r", &[zero[1].seq, zero[2].seq]).await.unwrap(),
+        2
+    );
+    assert_eq!(
+        s.complete(
+            "r",
+            &seqs(&one.into_iter().cloned().collect::<Vec<_>>()),
+            Completion::MarkPublished
+        )
+        .await
+        .unwrap(),
+        3
+    );
+    assert!(
+        s.claim(&ordered("r", 100, false, false, true))
+            .await
+            .unwrap()
+            .is_empty(),
+        "the aggregate waits behind its head's backoff"
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let retry = s
+        .claim(&ordered("r", 100, false, false, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        seqs(&retry),
+        seqs(&zero.iter().map(|m| (*m).clone()).collect::<Vec<_>>())
+    );
+    assert_eq!(retry[0].attempts, 2);
+    // Dead-letter the head: with Block the rest waits, with Skip it flows.
+    let dead = [Failure {
+        seq: retry[0].seq,
+        error: "too large".into(),
+        retry_after: None,
+    }];
+    s.fail("r", &dead).await.unwrap();
+    s.release("r", &[retry[1].seq, retry[2].seq]).await.unwrap();
+    assert!(
+        s.claim(&ordered("r", 100, false, false, true))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let skipped = s
+        .claim(&ordered("r", 100, false, false, false))
+        .await
+        .unwrap();
+    assert_eq!(seqs(&skipped), vec![retry[1].seq, retry[2].seq]);
+    assert_eq!(
+        B::count(
+            &db,
+            "SELECT COUNT(*) AS n FROM outbox_events WHERE dead_at IS NOT NULL AND last_error = 'too large'"
+        ),
+        1
+    );
+}
+
+pub async fn leadership_is_exclusive_and_expires<B: Backend>() {
+    let db = B::database("leader");
+    B::fill(&db, 3, 1);
+    let (mut a, mut b) = (B::store(&db), B::store(&db));
+    let short = Duration::from_millis(800);
+    assert!(a.acquire_leadership("a", short).await.unwrap());
+    assert!(!b.acquire_leadership("b", short).await.unwrap());
+    assert!(
+        a.acquire_leadership("a", short).await.unwrap(),
+        "the leader renews"
+    );
+    assert!(
+        b.claim(&ordered("b", 10, false, true, true))
+            .await
+            .unwrap()
+            .is_empty(),
+        "not the leader"
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        b.acquire_leadership("b", LEASE).await.unwrap(),
+        "expired lease taken over"
+    );
+    assert!(!a.acquire_leadership("a", short).await.unwrap());
+    assert!(
+        a.claim(&ordered("a", 10, false, true, true))
+            .await
+            .unwrap()
+            .is_empty(),
+        "fenced"
+    );
+    assert_eq!(
+        b.claim(&ordered("b", 10, false, true, true))
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    b.release_all("b").await.unwrap();
+    assert!(
+        a.acquire_leadership("a", short).await.unwrap(),
+        "released on shutdown"
+    );
+}
+
+pub async fn shards_rebalance<B: Backend>() {
+    let db = B::database("shards");
+    B::fill(&db, 64, 1);
+    let (mut a, mut b) = (B::store(&db), B::store(&db));
+    assert_eq!(
+        a.rebalance_shards("a", LEASE).await.unwrap().owned.len(),
+        256
+    );
+    let b1 = b.rebalance_shards("b", LEASE).await.unwrap();
+    assert_eq!((b1.owned.len(), b1.live_relays), (0, 2), "nothing free yet");
+    assert_eq!(
+        a.rebalance_shards("a", LEASE).await.unwrap().owned.len(),
+        128,
+        "a gives up its surplus"
+    );
+    let b2 = b.rebalance_shards("b", LEASE).await.unwrap();
+    assert_eq!(b2.owned.len(), 128);
+    let a_claim = a
+        .claim(&ordered("a", 1000, true, false, true))
+        .await
+        .unwrap();
+    let b_claim = b
+        .claim(&ordered("b", 1000, true, false, true))
+        .await
+        .unwrap();
+    assert_eq!(a_claim.len() + b_claim.len(), 64);
+    let b_shards: HashSet<i16> = b2.owned.iter().copied().collect();
+    assert!(
+        b_claim.iter().all(|m| b_shards.contains(&m.shard)),
+        "only owned shards"
+    );
+    assert!(a_claim.iter().all(|m| !b_shards.contains(&m.shard)));
+    a.release_all("a").await.unwrap();
+    assert_eq!(
+        B::count(
+            &db,
+            "SELECT COUNT(*) AS n FROM outbox_events WHERE locked_by = 'a'"
+        ),
+        0
+    );
+    assert_eq!(
+        b.rebalance_shards("b", LEASE).await.unwrap().owned.len(),
+        256,
+        "a's shards freed"
+    );
+}
+
+pub async fn cleanup_in_bounded_batches<B: Backend>() {
+    let db = B::database("cleanup");
+    B::fill(&db, 30, 1);
+    let mut s = B::store(&db);
+    let all = s.claim(&unordered("r", 100)).await.unwrap();
+    s.complete("r", &seqs(&all), Completion::MarkPublished)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.cleanup(Duration::from_secs(3600), 10).await.unwrap(),
+        0,
+        "too recent"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut rounds = Vec::new();
+    loop {
+        let n = s.cleanup(Duration::from_millis(10), 12).await.unwrap();
+        rounds.push(n);
+        if n == 0 {
+            break;
+        }
+    }
+    assert_eq!(rounds, [12, 12, 6, 0]);
+    assert_eq!(B::count(&db, "SELECT COUNT(*) AS n FROM outbox_events"), 0);
+}
+
+fn fast(mode: Mode) -> RelayConfig {
+    RelayConfig {
+        mode,
+        batch_size: 200,
+        poll_interval: Duration::from_millis(20),
+        lease: Duration::from_secs(5),
+        publish_timeout: Duration::from_secs(2),
+        max_attempts: 50,
+        backoff: Backoff {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(50),
+            multiplier: 2.0,
+            jitter: 0.5,
+        },
+        ..RelayConfig::default()
+    }
+}
+
+/// Relays drain a real outbox through the in-memory broker: unordered exactly once without
+/// crashes; sharded and leader in per-aggregate order despite injected failures.
+pub async fn relays_drain<B: Backend>(mode: Mode, relays: usize, fail_one_in: u64) {
+    let db = B::database("drain");
+    let (aggregates, per) = (40, 25);
+    B::fill(&db, aggregates, per);
+    let total = aggregates * per;
+    let broker = Arc::new(MemoryBroker::new());
+    if fail_one_in > 0 {
+        let state = std::sync::Mutex::new(0x2545_F491_4F6C_DD1Du64);
+        broker.fail_when(move |_| {
+            let mut s = state.lock().unwrap();
+            *s ^= *s << 13;
+            *s ^= *s >> 7;
+            *s ^= *s << 17;
+            (*s % fail_one_in == 0).then(|| "injected".to_owned())
+        });
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut handles = Vec::new();
+    let mut stats = Vec::new();
+    for _ in 0..relays {
+        let relay = Relay::new(B::store(&db), broker.clone(), fast(mode)).unwrap();
+        stats.push(relay.stats());
+        let mut rx = stop_rx.clone();
+        handles.push(tokio::spawn(relay.run(async move {
+            let _ = rx.wait_for(|s| *s).await;
+        })));
+    }
+    let start = std::time::Instant::now();
+    let pending = "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NULL";
+    while B::count(&db, pending) > 0 && start.elapsed() < Duration::from_secs(120) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = start.elapsed();
+    stop_tx.send(true).unwrap();
+    for h in handles {
+        h.await.unwrap();
+    }
+    assert_eq!(B::count(&db, pending), 0, "{mode:?}: drained");
+    let records = broker.all_records();
+    let ids: HashSet<_> = records.iter().map(|r| r.id).collect();
+    assert_eq!(ids.len(), total, "{mode:?}: every event delivered");
+    assert_eq!(records.len(), total, "{mode:?}: no crash, no duplicates");
+    if mode != Mode::Unordered {
+        let mut last: HashMap<&str, uuid::Uuid> = HashMap::new();
+        for r in &records {
+            if let Some(prev) = last.insert(r.key.as_str(), r.id) {
+                assert!(prev < r.id, "{mode:?}: key {} out of order", r.key);
+            }
+        }
+    }
+    if mode == Mode::Leader {
+        let active = stats
+            .iter()
+            .filter(|s| s.published.load(Ordering::Relaxed) > 0)
+            .count();
+        assert_eq!(active, 1, "one leader published");
+    }
+    eprintln!(
+        "{mode:?} x{relays}: {total} events in {elapsed:?} ({:.0}/s)",
+        total as f64 / elapsed.as_secs_f64()
+    );
+}
+
+/// Instantiates the suite for one backend.
+#[macro_export]
+macro_rules! store_suite {
+    ($backend:ty) => {
+        use outbox::relay::Mode;
+        use $crate::store_suite as s;
+        #[tokio::test]
+        async fn claim_leases_and_fences() {
+            s::claim_leases_and_fences::<$backend>().await;
+        }
+        #[tokio::test]
+        async fn ordered_claims_block_per_aggregate() {
+            s::ordered_claims_block_per_aggregate::<$backend>().await;
+        }
+        #[tokio::test]
+        async fn leadership_is_exclusive_and_expires() {
+            s::leadership_is_exclusive_and_expires::<$backend>().await;
+        }
+        #[tokio::test]
+        async fn shards_rebalance() {
+            s::shards_rebalance::<$backend>().await;
+        }
+        #[tokio::test]
+        async fn cleanup_in_bounded_batches() {
+            s::cleanup_in_bounded_batches::<$backend>().await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn unordered_relays_drain_exactly_once() {
+            s::relays_drain::<$backend>(Mode::Unordered, 4, 0).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn sharded_relays_drain_in_order_despite_failures() {
+            s::relays_drain::<$backend>(Mode::Sharded, 3, 20).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn leader_relays_drain_in_order_despite_failures() {
+            s::relays_drain::<$backend>(Mode::Leader, 3, 20).await;
+        }
+    };
+}
