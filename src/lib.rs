@@ -79,6 +79,8 @@ pub mod relay {
     pub use outbox_diesel::relay::*;
 }
 
+pub use outbox_diesel::notify;
+
 /// The outbox's schema migrations: [`migrations::run`] (sync) and `migrations::run_async`.
 pub mod migrations {
     pub use outbox_diesel::migrations::*;

@@ -36,6 +36,11 @@ pub trait OutboxBackend: Backend + private::Sealed {
     #[doc(hidden)]
     const MIGRATIONS: &'static [Migration];
 
+    /// A statement that wakes relays, run (throttled, see [`crate::notify`]) in writing
+    /// transactions; `None` where the backend has no notifications.
+    #[doc(hidden)]
+    const NOTIFY_SQL: Option<&'static str> = None;
+
     /// One multi-row `INSERT` of `messages` (at most [`ROWS_PER_INSERT`]).
     #[doc(hidden)]
     fn insert_messages(messages: &[NewMessage]) -> BoxedSqlQuery<'_, Self, SqlQuery>;
@@ -81,6 +86,9 @@ macro_rules! backend_ops {
             for chunk in messages.chunks(ROWS_PER_INSERT) {
                 Self::insert_messages(chunk).execute(conn)?;
             }
+            if let Some(sql) = Self::NOTIFY_SQL.filter(|_| crate::notify::due()) {
+                diesel::sql_query(sql).execute(conn)?;
+            }
             Ok(())
         }
 
@@ -98,6 +106,9 @@ macro_rules! backend_ops {
             use diesel_async::RunQueryDsl;
             for chunk in messages.chunks(ROWS_PER_INSERT) {
                 Self::insert_messages(chunk).execute(conn).await?;
+            }
+            if let Some(sql) = Self::NOTIFY_SQL.filter(|_| crate::notify::due()) {
+                diesel::sql_query(sql).execute(conn).await?;
             }
             Ok(())
         }
@@ -167,6 +178,7 @@ impl private::Sealed for diesel::pg::Pg {}
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl OutboxBackend for diesel::pg::Pg {
     const NAME: &'static str = "postgres";
+    const NOTIFY_SQL: Option<&'static str> = Some("SELECT pg_notify('outbox_events', '')");
     backend_ops!();
     const MIGRATIONS: &'static [Migration] = crate::migrations::POSTGRES;
 

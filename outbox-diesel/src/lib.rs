@@ -13,6 +13,7 @@
 
 mod backend;
 pub mod migrations;
+pub mod notify;
 mod sync;
 mod tx;
 

@@ -1,5 +1,181 @@
-//! PostgreSQL: the store suite, plus what only PostgreSQL shows (plans, pg_stat_activity).
+//! PostgreSQL: the store suite, plus what only PostgreSQL shows: LISTEN/NOTIFY wake-ups,
+//! claim plans, and `pg_stat_activity` proving no transaction is held across a publish.
 
-use crate::backends::Postgres;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use diesel::{Connection, RunQueryDsl};
+use outbox::prelude::*;
+use outbox::relay::*;
+
+use crate::backends::{Backend, Postgres};
+use crate::support::*;
 
 crate::store_suite!(Postgres);
+
+fn config(poll: Duration) -> RelayConfig {
+    RelayConfig {
+        poll_interval: poll,
+        lease: Duration::from_secs(10),
+        publish_timeout: Duration::from_secs(5),
+        ..RelayConfig::default()
+    }
+}
+
+fn write_one(db: &TestDatabase, order_id: i64) {
+    let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
+    conn.transaction_with_outbox(|tx| tx.publish(&OrderCreated { order_id, total_cents: 1 }))
+        .unwrap();
+}
+
+/// With a 30 s poll interval, a writer's NOTIFY wakes the relay at once; without LISTEN the
+/// same event waits for the poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_the_relay() {
+    outbox::notify::set_interval(Some(Duration::ZERO));
+    for listen in [true, false] {
+        let db = Postgres::database("notify");
+        let broker = Arc::new(MemoryBroker::new());
+        let store = outbox::relay::PgRelayStore::new(&db.url).listen(listen);
+        let relay = Relay::new(store, broker.clone(), config(Duration::from_secs(30))).unwrap();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(relay.run(async move {
+            let _ = rx.await;
+        }));
+        tokio::time::sleep(Duration::from_millis(700)).await; // the relay is now waiting
+        let start = std::time::Instant::now();
+        write_one(&db, 1);
+        while broker.records("order").is_empty() && start.elapsed() < Duration::from_secs(3) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let delivered = !broker.records("order").is_empty();
+        assert_eq!(delivered, listen, "listen = {listen}: delivered within 3 s = {delivered}");
+        if listen {
+            eprintln!("NOTIFY wake-up: commit to publish in {:?}", start.elapsed());
+        }
+        stop.send(()).unwrap();
+        handle.await.unwrap();
+    }
+}
+
+/// The claim runs under `plan_cache_mode = force_custom_plan`: a statement prepared and run
+/// on an empty table, then run after the table filled, still uses the partial index. (Under
+/// the default mode PostgreSQL may switch to a generic plan after five executions; one made
+/// on an empty table was measured to take 80–100 s per claim once the backlog grew.)
+#[test]
+fn claim_keeps_using_the_pending_index_after_the_table_fills() {
+    let db = Postgres::database("plan");
+    let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
+    diesel::sql_query("SET plan_cache_mode = force_custom_plan").execute(&mut conn).unwrap();
+    diesel::sql_query(
+        "PREPARE claim(bigint) AS SELECT seq FROM outbox_events \
+         WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now() \
+           AND (locked_until IS NULL OR locked_until < now()) \
+         ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED",
+    )
+    .execute(&mut conn)
+    .unwrap();
+    for _ in 0..8 {
+        diesel::sql_query("EXECUTE claim(100)").execute(&mut conn).unwrap();
+    }
+    Postgres::fill(&db, 1000, 50); // 50,000 pending rows
+    // Most rows published: the pending ones are a small part of the table, as in production.
+    diesel::sql_query("UPDATE outbox_events SET published_at = now() WHERE seq % 50 <> 0")
+        .execute(&mut conn)
+        .unwrap();
+    #[derive(diesel::QueryableByName)]
+    struct Plan {
+        #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
+        line: String,
+    }
+    let plan: Vec<String> = diesel::sql_query("EXPLAIN EXECUTE claim(100)")
+        .load::<Plan>(&mut conn)
+        .unwrap()
+        .into_iter()
+        .map(|p| p.line)
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("outbox_events_pending"), "{plan}");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+}
+
+/// A publisher that takes its time, flagging while it publishes.
+struct SlowPublisher {
+    inner: Arc<MemoryBroker>,
+    delay: Duration,
+    publishing: Arc<AtomicBool>,
+}
+
+impl Publisher for SlowPublisher {
+    async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Delivery> {
+        self.publishing.store(true, Ordering::SeqCst);
+        tokio::time::sleep(self.delay).await;
+        let out = self.inner.publish(batch).await;
+        self.publishing.store(false, Ordering::SeqCst);
+        out
+    }
+}
+
+/// While the broker is slow, `pg_stat_activity` never shows a relay session inside a
+/// transaction: claims and marks are short committed statements, and nothing is held open
+/// across a publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_transaction_is_held_across_a_publish() {
+    let db = Postgres::database("activity");
+    Postgres::fill(&db, 20, 10);
+    let broker = Arc::new(MemoryBroker::new());
+    let publishing = Arc::new(AtomicBool::new(false));
+    let publisher = SlowPublisher { inner: broker.clone(), delay: Duration::from_millis(400), publishing: publishing.clone() };
+    for mode in [Mode::Unordered, Mode::Sharded, Mode::Leader] {
+        let cfg = RelayConfig { mode, batch_size: 50, ..config(Duration::from_millis(50)) };
+        let relay = Relay::new(Postgres::store(&db), Arc::new(SlowPublisher {
+            inner: publisher.inner.clone(),
+            delay: publisher.delay,
+            publishing: publisher.publishing.clone(),
+        }), cfg)
+        .unwrap();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(relay.run(async move {
+            let _ = rx.await;
+        }));
+        let samples_during_publish = Arc::new(AtomicU64::new(0));
+        let url = db.url.clone();
+        let flag = publishing.clone();
+        let during = samples_during_publish.clone();
+        let sampler = tokio::task::spawn_blocking(move || {
+            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            let mut violations = Vec::new();
+            let start = std::time::Instant::now();
+            while start.elapsed() < Duration::from_millis(1500) {
+                let in_publish = flag.load(Ordering::SeqCst);
+                let open = diesel::sql_query(
+                    "SELECT COUNT(*) AS n FROM pg_stat_activity \
+                     WHERE datname = current_database() AND application_name = 'outbox-relay' \
+                       AND (state LIKE 'idle in transaction%' \
+                            OR (xact_start IS NOT NULL AND xact_start < now() - interval '200 ms'))",
+                )
+                .get_result::<Count>(&mut conn)
+                .unwrap()
+                .n;
+                if in_publish && flag.load(Ordering::SeqCst) {
+                    during.fetch_add(1, Ordering::SeqCst);
+                    if open > 0 {
+                        violations.push(open);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            violations
+        });
+        let violations = sampler.await.unwrap();
+        stop.send(()).unwrap();
+        handle.await.unwrap();
+        assert!(samples_during_publish.load(Ordering::SeqCst) > 10, "{mode:?}: sampled while publishing");
+        assert!(violations.is_empty(), "{mode:?}: relay sessions in a transaction during a publish: {violations:?}");
+        // Release everything, so the next mode starts from pending rows again.
+        diesel::sql_query("UPDATE outbox_events SET published_at = NULL, locked_by = NULL, locked_until = NULL")
+            .execute(&mut diesel::PgConnection::establish(&db.url).unwrap())
+            .unwrap();
+    }
+}
