@@ -41,6 +41,13 @@
 //! Everything else passes through [`set`](KafkaPublisherBuilder::set). librdkafka's
 //! `message.timeout.ms` bounds every publish: see [`KafkaPublisher::publish_timeout`].
 //!
+//! librdkafka is built from the bundled sources without zlib, zstd, SSL or SASL, keeping the
+//! build to a C compiler and `make`. Compression `lz4` and `snappy` are built in; for `gzip`,
+//! `zstd`, TLS or SASL add e.g. `rdkafka = { version = "0.39", features = ["libz", "ssl"] }` to
+//! your own `Cargo.toml` (Cargo unifies the features). Until then the builder reports such a
+//! setting, e.g. "invalid Kafka setting `compression.type` = `gzip`: ... zlib not available at
+//! build time".
+//!
 //! # Ordering: what is promised, and why
 //!
 //! A [`publish`](crate::relay::Publisher::publish) enqueues the whole batch, then awaits the
@@ -64,9 +71,14 @@
 //! - *A permanent broker error* (record too large for the topic's `max.message.bytes`, not
 //!   authorized, policy violation). Without the gap-less guarantee librdkafka would skip the
 //!   failed request and send the rest; with `enable.gapless.guarantee=true` it raises a fatal
-//!   error instead: it purges the partition queues, and the broker rejects requests already in
-//!   flight after the failed one (their sequence numbers no longer follow on), so every later
-//!   message fails too. The publisher then replaces the dead producer before the next publish.
+//!   error instead and sends nothing more: it purges the queued messages, and the broker answers
+//!   requests already in flight after the failed one with an out-of-order-sequence error, so
+//!   every later message fails too (so do other keys' messages still queued; the relay retries
+//!   them). Messages that librdkafka puts back in the dead producer's queue after such an answer
+//!   are purged by the publisher at once instead of waiting out `message.timeout.ms`, and the
+//!   producer is replaced before the next publish. Seen with noida-db, which refuses records
+//!   over 1 MB: a 3 MB record fails with "Message size too large", the key's later messages
+//!   with "Purged in queue", and the next publish succeeds on a new producer.
 //!   Disabling the gap-less guarantee (or a Kafka-protocol broker that does not check producer
 //!   sequence numbers) gives up this case.
 //! - *`message.timeout.ms` running out* (broker down, no leader, throttled), which librdkafka

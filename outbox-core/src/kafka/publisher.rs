@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, PurgeConfig};
 use tokio::time::Instant;
 
 use super::batch;
@@ -21,6 +21,8 @@ const REPORT_GRACE: Duration = Duration::from_secs(2);
 /// Pause between two attempts to enqueue into a full local queue (librdkafka's own thread keeps
 /// sending meanwhile, freeing room).
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(2);
+/// How often to look for a fatal producer error while awaiting delivery reports.
+const FATAL_CHECK: Duration = Duration::from_millis(100);
 
 /// Publishes outbox messages to Kafka with librdkafka's idempotent producer (`acks=all`).
 ///
@@ -212,6 +214,29 @@ fn enqueue_error(e: &KafkaError, topic: &str, msg: &OutboxMessage, budget: Durat
     format!("not sent to topic `{topic}`: {e}{detail}")
 }
 
+/// Awaits one delivery report until `deadline` (`None` after it). Meanwhile, if the producer
+/// hit a fatal error, purges its queue: it will never send again, and messages that were in
+/// flight when it stopped come back to the queue (librdkafka retries them after an
+/// out-of-order-sequence answer) where they would otherwise wait out `message.timeout.ms`.
+async fn await_report(
+    producer: &FutureProducer,
+    mut delivery: DeliveryFuture,
+    deadline: Instant,
+) -> Option<<DeliveryFuture as Future>::Output> {
+    loop {
+        let wake = deadline.min(Instant::now() + FATAL_CHECK);
+        match tokio::time::timeout_at(wake, &mut delivery).await {
+            Ok(report) => return Some(report),
+            Err(_) if Instant::now() >= deadline => return None,
+            Err(_) => {
+                if producer.client().fatal_error().is_some() {
+                    producer.purge(PurgeConfig::default().queue());
+                }
+            }
+        }
+    }
+}
+
 fn drop_in_background(producer: FutureProducer) {
     // Dropping a producer purges it and waits for its threads: never on an async worker.
     let spawned = std::thread::Builder::new()
@@ -266,16 +291,16 @@ impl Publisher for KafkaPublisher {
         let report_deadline = Instant::now() + self.message_timeout + REPORT_GRACE;
         for (i, topic, delivery) in pending {
             outcomes[i] = Some(
-                match tokio::time::timeout_at(report_deadline, delivery).await {
-                    Ok(Ok(Ok(_))) => Delivery::Published,
-                    Ok(Ok(Err((e, _)))) => {
+                match await_report(&producer, delivery, report_deadline).await {
+                    Some(Ok(Ok(_))) => Delivery::Published,
+                    Some(Ok(Err((e, _)))) => {
                         Delivery::Failed(format!("delivery to topic `{topic}` failed: {e}"))
                     }
-                    Ok(Err(_canceled)) => Delivery::Failed(format!(
+                    Some(Err(_canceled)) => Delivery::Failed(format!(
                         "delivery to topic `{topic}`: the producer closed before reporting; the \
                      outcome is unknown"
                     )),
-                    Err(_elapsed) => Delivery::Failed(format!(
+                    None => Delivery::Failed(format!(
                         "delivery to topic `{topic}`: no report from librdkafka within \
                      message.timeout.ms ({:?}) + {REPORT_GRACE:?}; the outcome is unknown",
                         self.message_timeout
