@@ -84,14 +84,16 @@ installed() {
 
 install() {
   if [ ! -x "$venv/bin/python" ]; then
-    if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
-      log "installing python3-venv (python3 -m venv lacks ensurepip)"
-      as_root apt-get update -qq
-      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-    fi
     log "creating $venv"
     rm -rf "$venv"
-    python3 -m venv "$venv"
+    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+      # Debian's python3 keeps ensurepip (which venv needs) in a separate package.
+      log "installing python3-venv (python3 -m venv lacks ensurepip)"
+      rm -rf "$venv"
+      as_root apt-get update -qq
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      python3 -m venv "$venv"
+    fi
   fi
   local want=()
   installed noida-db "$NOIDA_VERSION" || want+=("noida-db==$NOIDA_VERSION")
@@ -170,6 +172,8 @@ case "$cmd" in
   start)
     if [ -n "${KAFKA_BROKERS:-}" ]; then
       log "KAFKA_BROKERS=$KAFKA_BROKERS is set: the tests use that broker; starting nothing"
+      [ -n "${OUTBOX_TEST_TANSU:-}" ] ||
+        log "the tansu tests still need a broker at 127.0.0.1:9094; set OUTBOX_TEST_TANSU (it may be \$KAFKA_BROKERS)"
       exit 0
     fi
     install
@@ -183,7 +187,7 @@ case "$cmd" in
     start_one tansu "$TANSU_ADDR" "$(tansu_bin)" broker \
       --listener-url "tcp://$TANSU_ADDR" --advertised-listener-url "tcp://$TANSU_ADDR" \
       --storage-engine memory://tansu/
-    log "logs: $state/noida.log $state/tansu.log"
+    for f in "$state/noida.log" "$state/tansu.log"; do [ -f "$f" ] && log "log: $f"; done
     ;;
   stop)
     stop_one noida
