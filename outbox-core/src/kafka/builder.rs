@@ -35,11 +35,10 @@ const DEFAULTS: [(&str, &str); 6] = [
 
 /// librdkafka's aliases, mapped to the names we check, so that an alias cannot be overridden
 /// by a default of the other name.
-const ALIASES: [(&str, &str); 4] = [
+const ALIASES: [(&str, &str); 3] = [
     ("delivery.timeout.ms", "message.timeout.ms"),
     ("request.required.acks", "acks"),
     ("metadata.broker.list", "bootstrap.servers"),
-    ("queue.buffering.max.ms", "linger.ms"),
 ];
 
 /// Builds a [`KafkaPublisher`]. Get one from [`KafkaPublisher::builder`].

@@ -141,6 +141,25 @@ impl KafkaPublisher {
         self.router.topic(msg)
     }
 
+    /// What a delivery report (`None`: none came in time) means for the relay.
+    fn outcome(&self, topic: &str, report: Option<<DeliveryFuture as Future>::Output>) -> Delivery {
+        match report {
+            Some(Ok(Ok(_))) => Delivery::Published,
+            Some(Ok(Err((e, _)))) => {
+                Delivery::Failed(format!("delivery to topic `{topic}` failed: {e}"))
+            }
+            Some(Err(_canceled)) => Delivery::Failed(format!(
+                "delivery to topic `{topic}`: the producer closed before reporting; the outcome \
+                 is unknown"
+            )),
+            None => Delivery::Failed(format!(
+                "delivery to topic `{topic}`: no report from librdkafka within \
+                 message.timeout.ms ({:?}) + {REPORT_GRACE:?}; the outcome is unknown",
+                self.message_timeout
+            )),
+        }
+    }
+
     fn enqueue_budget(&self) -> Duration {
         self.message_timeout / 10
     }
@@ -290,23 +309,8 @@ impl Publisher for KafkaPublisher {
 
         let report_deadline = Instant::now() + self.message_timeout + REPORT_GRACE;
         for (i, topic, delivery) in pending {
-            outcomes[i] = Some(
-                match await_report(&producer, delivery, report_deadline).await {
-                    Some(Ok(Ok(_))) => Delivery::Published,
-                    Some(Ok(Err((e, _)))) => {
-                        Delivery::Failed(format!("delivery to topic `{topic}` failed: {e}"))
-                    }
-                    Some(Err(_canceled)) => Delivery::Failed(format!(
-                        "delivery to topic `{topic}`: the producer closed before reporting; the \
-                     outcome is unknown"
-                    )),
-                    None => Delivery::Failed(format!(
-                        "delivery to topic `{topic}`: no report from librdkafka within \
-                     message.timeout.ms ({:?}) + {REPORT_GRACE:?}; the outcome is unknown",
-                        self.message_timeout
-                    )),
-                },
-            );
+            let report = await_report(&producer, delivery, report_deadline).await;
+            outcomes[i] = Some(self.outcome(&topic, report));
         }
 
         let mut outcomes: Vec<Delivery> = outcomes
