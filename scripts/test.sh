@@ -78,6 +78,8 @@ start_mariadb() {
 if [ "${OUTBOX_SKIP_SERVICES:-0}" != 1 ]; then
   start_postgres
   start_mariadb
+  # noida-db (127.0.0.1:9092) and tansu (127.0.0.1:9094) for outbox-core's `kafka` tests.
+  ./scripts/kafka.sh start
   # Databases left by an interrupted earlier run (tests drop their own when they finish).
   for db in $(psql -h 127.0.0.1 -U postgres -d test -Atc \
       "SELECT datname FROM pg_database WHERE datname LIKE 'outbox\_t\_%'" 2>/dev/null); do

@@ -1,0 +1,259 @@
+//! [`KafkaPublisherBuilder`]: librdkafka settings, defaults and the settings we refuse.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::FutureProducer;
+
+use super::KafkaConfigError;
+use super::publisher::KafkaPublisher;
+use super::record::Router;
+use crate::relay::OutboxMessage;
+
+/// `message.timeout.ms` unless configured: well below a 30 s relay lease.
+///
+/// ```
+/// # use std::time::Duration;
+/// assert_eq!(outbox_core::kafka::DEFAULT_MESSAGE_TIMEOUT, Duration::from_secs(10));
+/// ```
+pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Settings applied before the user's, in this order.
+const DEFAULTS: [(&str, &str); 6] = [
+    ("enable.idempotence", "true"),
+    ("acks", "all"),
+    ("enable.gapless.guarantee", "true"),
+    ("message.timeout.ms", "10000"),
+    // The Java client's partitioner: equal keys land on equal partitions whichever client wrote
+    // them (librdkafka's own default hashes with CRC32).
+    ("partitioner", "murmur2_random"),
+    ("client.id", "outbox-relay"),
+];
+
+/// librdkafka's aliases, mapped to the names we check, so that an alias cannot be overridden
+/// by a default of the other name.
+const ALIASES: [(&str, &str); 3] = [
+    ("delivery.timeout.ms", "message.timeout.ms"),
+    ("request.required.acks", "acks"),
+    ("metadata.broker.list", "bootstrap.servers"),
+];
+
+/// Builds a [`KafkaPublisher`]. Get one from [`KafkaPublisher::builder`].
+///
+/// The producer is librdkafka's idempotent producer with `acks=all`; every other librdkafka
+/// producer setting passes through [`set`](Self::set). Defaults the publisher applies (each may
+/// be overridden): `enable.gapless.guarantee=true`, `message.timeout.ms=10000`,
+/// `partitioner=murmur2_random` (the Java client's), `client.id=outbox-relay`.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_core::kafka::KafkaPublisher;
+///
+/// let publisher = KafkaPublisher::builder()
+///     .brokers("127.0.0.1:9092")
+///     .set("linger.ms", "5")
+///     .set("compression.type", "lz4")
+///     .topic_prefix("prod.")
+///     .message_timeout(Duration::from_secs(5))
+///     .build()?;
+/// assert_eq!(publisher.message_timeout(), Duration::from_secs(5));
+/// # Ok::<(), outbox_core::kafka::KafkaConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+#[must_use = "a builder does nothing until `.build()`"]
+pub struct KafkaPublisherBuilder {
+    settings: Vec<(String, String)>,
+    router: Router,
+}
+
+impl KafkaPublisherBuilder {
+    /// The bootstrap brokers, comma separated `host:port` (librdkafka's `bootstrap.servers`).
+    ///
+    /// ```
+    /// let builder = outbox_core::kafka::KafkaPublisher::builder().brokers("k1:9092,k2:9092");
+    /// # drop(builder);
+    /// ```
+    pub fn brokers(self, brokers: impl Into<String>) -> Self {
+        self.set("bootstrap.servers", brokers)
+    }
+
+    /// Sets any librdkafka producer property (see librdkafka's `CONFIGURATION.md`), e.g.
+    /// `linger.ms`, `compression.type`, `security.protocol`. A later call for the same property
+    /// wins. Unknown properties and bad values fail [`build`](Self::build) with an error naming
+    /// the property; so do `enable.idempotence=false`, an `acks` other than `all`,
+    /// `transactional.id` and `message.timeout.ms=0`, which would break the ordering and
+    /// bounded-time promises of [`Publisher`](crate::relay::Publisher).
+    ///
+    /// ```
+    /// let builder = outbox_core::kafka::KafkaPublisher::builder()
+    ///     .brokers("127.0.0.1:9092")
+    ///     .set("linger.ms", "20")
+    ///     .set("batch.size", "1000000");
+    /// # drop(builder);
+    /// ```
+    pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.push((key.into(), value.into()));
+        self
+    }
+
+    /// How long librdkafka may try to deliver a message (`message.timeout.ms`), default
+    /// [`DEFAULT_MESSAGE_TIMEOUT`]. It bounds a whole publish: see
+    /// [`KafkaPublisher::publish_timeout`]. Keep it well below the relay's lease. Rounded to
+    /// whole milliseconds, at least one.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let builder = outbox_core::kafka::KafkaPublisher::builder()
+    ///     .brokers("127.0.0.1:9092")
+    ///     .message_timeout(Duration::from_secs(3));
+    /// # drop(builder);
+    /// ```
+    pub fn message_timeout(self, timeout: Duration) -> Self {
+        let ms = timeout.as_millis().clamp(1, u128::from(u32::MAX));
+        self.set("message.timeout.ms", ms.to_string())
+    }
+
+    /// Prefixes every topic, e.g. `"prod."` sends an `order` event to `prod.order`. Applied
+    /// after [`topic_for`](Self::topic_for).
+    ///
+    /// ```
+    /// let builder = outbox_core::kafka::KafkaPublisher::builder()
+    ///     .brokers("127.0.0.1:9092")
+    ///     .topic_prefix("staging.");
+    /// # drop(builder);
+    /// ```
+    pub fn topic_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.router.prefix = prefix.into();
+        self
+    }
+
+    /// Chooses each message's topic, instead of [`OutboxMessage::topic`] (the topic the event
+    /// names, else its aggregate type). Messages of one aggregate must get one topic, or their
+    /// order is lost.
+    ///
+    /// ```
+    /// use outbox_core::relay::OutboxMessage;
+    /// let builder = outbox_core::kafka::KafkaPublisher::builder()
+    ///     .brokers("127.0.0.1:9092")
+    ///     .topic_for(|m: &OutboxMessage| format!("events.{}", m.aggregate_type));
+    /// # drop(builder);
+    /// ```
+    pub fn topic_for(
+        mut self,
+        route: impl Fn(&OutboxMessage) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.router.map = Some(Arc::new(route));
+        self
+    }
+
+    /// Checks the settings and creates the producer. It connects in the background: an
+    /// unreachable broker is not an error here, its messages fail when published.
+    ///
+    /// ```
+    /// use outbox_core::kafka::{KafkaConfigError, KafkaPublisher};
+    ///
+    /// let err = KafkaPublisher::builder()
+    ///     .brokers("127.0.0.1:9092")
+    ///     .set("acks", "1")
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(matches!(&err, KafkaConfigError::Forbidden { key, .. } if key == "acks"));
+    /// ```
+    pub fn build(self) -> Result<KafkaPublisher, KafkaConfigError> {
+        let mut settings: BTreeMap<String, String> = DEFAULTS
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        for (key, value) in self.settings {
+            let key = ALIASES
+                .iter()
+                .find(|(alias, _)| *alias == key)
+                .map_or(key, |(_, name)| name.to_string());
+            settings.insert(key, value);
+        }
+        check_settings(&settings)?;
+        let message_timeout = Duration::from_millis(parse_ms(&settings, "message.timeout.ms")?);
+        let mut config = ClientConfig::new();
+        for (key, value) in &settings {
+            config.set(key, value);
+        }
+        let producer = create_producer(&config)?;
+        Ok(KafkaPublisher::new(
+            config,
+            producer,
+            self.router,
+            message_timeout,
+        ))
+    }
+}
+
+fn check_settings(settings: &BTreeMap<String, String>) -> Result<(), KafkaConfigError> {
+    let forbidden = |key: &str, reason| {
+        Err(KafkaConfigError::Forbidden {
+            key: key.to_owned(),
+            value: settings.get(key).cloned().unwrap_or_default(),
+            reason,
+        })
+    };
+    if settings
+        .get("bootstrap.servers")
+        .is_none_or(|b| b.trim().is_empty())
+    {
+        return Err(KafkaConfigError::MissingBrokers);
+    }
+    if !matches!(
+        settings["enable.idempotence"].to_ascii_lowercase().as_str(),
+        "true" | "t" | "1"
+    ) {
+        return forbidden(
+            "enable.idempotence",
+            "the publisher needs the idempotent producer to keep each aggregate's events in order \
+             across retries",
+        );
+    }
+    if !matches!(settings["acks"].to_ascii_lowercase().as_str(), "all" | "-1") {
+        return forbidden(
+            "acks",
+            "a message counts as published only once all in-sync replicas have it (`acks=all`)",
+        );
+    }
+    if settings.contains_key("transactional.id") {
+        return forbidden(
+            "transactional.id",
+            "the publisher does not run Kafka transactions; the outbox gives at-least-once \
+             delivery with idempotent consumers instead",
+        );
+    }
+    if parse_ms(settings, "message.timeout.ms")? == 0 {
+        return forbidden(
+            "message.timeout.ms",
+            "0 means no timeout, but a publish must end before the relay's lease does",
+        );
+    }
+    Ok(())
+}
+
+fn parse_ms(settings: &BTreeMap<String, String>, key: &str) -> Result<u64, KafkaConfigError> {
+    let value = &settings[key];
+    value.trim().parse().map_err(|_| KafkaConfigError::Invalid {
+        key: key.to_owned(),
+        value: value.clone(),
+        reason: "expected a whole number of milliseconds".to_owned(),
+    })
+}
+
+/// Creates a producer from checked settings; also used to replace one after a fatal error.
+pub(crate) fn create_producer(config: &ClientConfig) -> Result<FutureProducer, KafkaConfigError> {
+    config.create().map_err(|e| match e {
+        KafkaError::ClientConfig(_, reason, key, value) => {
+            KafkaConfigError::Invalid { key, value, reason }
+        }
+        KafkaError::ClientCreation(reason) => KafkaConfigError::Rejected { reason },
+        other => KafkaConfigError::Rejected {
+            reason: other.to_string(),
+        },
+    })
+}

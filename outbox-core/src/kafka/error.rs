@@ -1,0 +1,75 @@
+//! The error [`KafkaPublisherBuilder::build`](super::KafkaPublisherBuilder::build) returns.
+
+use std::fmt;
+
+/// Why a [`KafkaPublisher`](super::KafkaPublisher) could not be built. Every variant names the
+/// setting at fault, or quotes librdkafka's message, which does.
+///
+/// ```
+/// use outbox_core::kafka::{KafkaConfigError, KafkaPublisher};
+///
+/// let err = KafkaPublisher::builder()
+///     .brokers("127.0.0.1:9092")
+///     .set("linger.ms", "soon")
+///     .build()
+///     .unwrap_err();
+/// assert!(matches!(&err, KafkaConfigError::Invalid { key, .. } if key == "linger.ms"));
+/// assert!(err.to_string().contains("`linger.ms`"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KafkaConfigError {
+    /// Neither [`brokers`](super::KafkaPublisherBuilder::brokers) nor `bootstrap.servers` was
+    /// given.
+    MissingBrokers,
+    /// librdkafka rejected one setting: an unknown property or a value it cannot parse.
+    Invalid {
+        /// The property, e.g. `"linger.ms"`.
+        key: String,
+        /// The value that was given.
+        value: String,
+        /// librdkafka's reason.
+        reason: String,
+    },
+    /// The setting would break the [`Publisher`](crate::relay::Publisher) contract (e.g.
+    /// `enable.idempotence=false` or `acks=1`), so the publisher refuses it.
+    Forbidden {
+        /// The property, e.g. `"acks"`.
+        key: String,
+        /// The value that was given.
+        value: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// librdkafka refused to create the producer from the settings as a whole, e.g.
+    /// `max.in.flight` above 5 with the idempotent producer. Its message names the settings.
+    Rejected {
+        /// librdkafka's message.
+        reason: String,
+    },
+}
+
+impl fmt::Display for KafkaConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KafkaConfigError::MissingBrokers => f.write_str(
+                "no Kafka brokers configured: call `.brokers(\"host:port\")` or set \
+                 `bootstrap.servers`",
+            ),
+            KafkaConfigError::Invalid { key, value, reason } => {
+                write!(f, "invalid Kafka setting `{key}` = `{value}`: {reason}")
+            }
+            KafkaConfigError::Forbidden { key, value, reason } => {
+                write!(
+                    f,
+                    "Kafka setting `{key}` = `{value}` is not allowed: {reason}"
+                )
+            }
+            KafkaConfigError::Rejected { reason } => {
+                write!(f, "invalid Kafka producer configuration: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for KafkaConfigError {}

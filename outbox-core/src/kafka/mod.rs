@@ -1,0 +1,123 @@
+//! Publishing outbox messages to Kafka, with librdkafka (through `rdkafka`).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use outbox_core::kafka::KafkaPublisher;
+//! use outbox_core::relay::{OutboxMessage, Publisher};
+//!
+//! # async fn run(claimed: Vec<OutboxMessage>) -> Result<(), Box<dyn std::error::Error>> {
+//! let publisher = KafkaPublisher::builder()
+//!     .brokers("127.0.0.1:9092")
+//!     .set("linger.ms", "5")                 // any librdkafka producer setting
+//!     .topic_prefix("prod.")                 // `order` events go to `prod.order`
+//!     .message_timeout(Duration::from_secs(10))
+//!     .build()?;
+//! let outcomes = publisher.publish(&claimed).await; // one Delivery per message, in order
+//! # drop(outcomes); Ok(()) }
+//! ```
+//!
+//! # The records
+//!
+//! | Kafka | from the [`OutboxMessage`](crate::relay::OutboxMessage) |
+//! |---|---|
+//! | topic | [`topic()`](crate::relay::OutboxMessage::topic): the event's topic, else its aggregate type; mapped by [`topic_for`](KafkaPublisherBuilder::topic_for), then prefixed by [`topic_prefix`](KafkaPublisherBuilder::topic_prefix) |
+//! | key | the aggregate id (so the partition follows the aggregate) |
+//! | value | the JSON payload, as is |
+//! | header `id` | the event id, a hyphenated UUID: consumers deduplicate on it |
+//! | header `event_type`, `event_version` | e.g. `OrderCreated`, `1` |
+//! | header `aggregate_type` | e.g. `order` |
+//! | header `created_at` | when the event was written to the outbox, RFC 3339 in UTC with microseconds, e.g. `2025-01-31T09:30:00.123456Z` |
+//! | other headers | every header the event carried, e.g. `traceparent`; one named like a header above is left out |
+//! | timestamp | the send time, set by the producer. Not `created_at`: an event relayed late would then fall under the topic's time-based retention at once |
+//!
+//! # The producer
+//!
+//! librdkafka's idempotent producer with `acks=all`: a message counts as
+//! [`Published`](crate::relay::Delivery::Published) once every in-sync replica has it. The
+//! builder refuses settings that break the guarantees below (`enable.idempotence=false`, other
+//! `acks`, `transactional.id`, `message.timeout.ms=0`) and defaults
+//! `enable.gapless.guarantee=true`, `message.timeout.ms=10000` and
+//! `partitioner=murmur2_random` (the Java client's, so keys land where Java producers put them).
+//! Everything else passes through [`set`](KafkaPublisherBuilder::set). librdkafka's
+//! `message.timeout.ms` bounds every publish: see [`KafkaPublisher::publish_timeout`].
+//!
+//! librdkafka is built from the bundled sources without zlib, zstd, SSL or SASL, keeping the
+//! build to a C compiler and `make`. Compression `lz4` and `snappy` are built in; for `gzip`,
+//! `zstd`, TLS or SASL add e.g. `rdkafka = { version = "0.39", features = ["libz", "ssl"] }` to
+//! your own `Cargo.toml` (Cargo unifies the features). Until then the builder reports such a
+//! setting, e.g. "invalid Kafka setting `compression.type` = `gzip`: ... zlib not available at
+//! build time".
+//!
+//! # Ordering: what is promised, and why
+//!
+//! A [`publish`](crate::relay::Publisher::publish) enqueues the whole batch, then awaits the
+//! delivery reports, so a batch costs about one round trip, not one per message. The messages of
+//! one ordering key (aggregate type and id) are enqueued back to back in batch order; keys are
+//! not ordered among themselves. Equal keys go to the same topic and so to the same partition,
+//! the unit in which Kafka keeps order (unless the topic's partition count changes meanwhile).
+//!
+//! **Failures at enqueue time** (record larger than `message.max.bytes`, a topic the cluster
+//! reported unknown, the local queue still full after a tenth of the message timeout, a fatal
+//! producer error): the message is `Failed` and no later message of its key in the batch is
+//! enqueued; they are `NotAttempted`. The key's earlier messages are already ahead of it.
+//!
+//! **In flight**, librdkafka keeps each partition's messages in enqueue order: the idempotent
+//! producer numbers them, sends at most 5 requests at once per broker, and on a transport error,
+//! a leader change or a retriable broker error it waits for the partition's requests to drain,
+//! then resends in the original order; the broker drops duplicates by sequence number. So
+//! retries neither reorder nor duplicate.
+//!
+//! **Failures after enqueue** are where a later message could overtake a failed one:
+//! - *A permanent broker error* (record too large for the topic's `max.message.bytes`, not
+//!   authorized, policy violation). Without the gap-less guarantee librdkafka would skip the
+//!   failed request and send the rest; with `enable.gapless.guarantee=true` it raises a fatal
+//!   error instead and sends nothing more: it purges the queued messages, and the broker answers
+//!   requests already in flight after the failed one with an out-of-order-sequence error, so
+//!   every later message fails too (so do other keys' messages still queued; the relay retries
+//!   them). Messages that librdkafka puts back in the dead producer's queue after such an answer
+//!   are purged by the publisher at once instead of waiting out `message.timeout.ms`, and the
+//!   producer is replaced before the next publish. Seen with noida-db, which refuses records
+//!   over 1 MB: a 3 MB record fails with "Message size too large", the key's later messages
+//!   with "Purged in queue", and the next publish succeeds on a new producer.
+//!   Disabling the gap-less guarantee (or a Kafka-protocol broker that does not check producer
+//!   sequence numbers) gives up this case.
+//! - *`message.timeout.ms` running out* (broker down, no leader, throttled), which librdkafka
+//!   documents the gap-less guarantee does not cover. It times out a partition's queue from the
+//!   front, in a scan about once a second, each message `message.timeout.ms` after it was
+//!   enqueued; a request in flight times out with its first message. Because a key's messages
+//!   are enqueued within microseconds of each other and travel in the same requests, they time
+//!   out together. A later one can survive an earlier one only if a scan falls in those
+//!   microseconds *and* the broker then accepts it within the next second: vanishingly rare, but
+//!   not impossible.
+//!
+//! **Detection.** If a publish ever reports a message `Failed` and a later message of its key
+//! `Published`, the failed message's error says that it "may reach consumers out of order", so
+//! the row's `last_error` shows it. Outcomes stay truthful: the published message is not
+//! reported failed, since sending it again could only add a duplicate.
+//!
+//! **Unknown outcomes.** A request that timed out in flight may have been written anyway
+//! (librdkafka's "possibly persisted"), and a message without a report within
+//! [`publish_timeout`](KafkaPublisher::publish_timeout) is reported failed while librdkafka may
+//! still deliver it. Both are retried by the relay and may then arrive twice: delivery is at
+//! least once, and consumers deduplicate on the `id` header. Neither reorders a key: a message
+//! the same producer still holds goes out before any message enqueued after it.
+//!
+//! So: per key, the broker receives the batch's messages in order, and never a later message
+//! after an earlier one failed at enqueue time or through a permanent broker error. Not promised:
+//! order across keys, order when [`topic_for`](KafkaPublisherBuilder::topic_for) sends one
+//! aggregate to several topics, exactly-once delivery, and the timeout corner above (reported
+//! when it happens).
+
+mod batch;
+mod builder;
+mod error;
+mod publisher;
+mod record;
+
+pub use builder::{DEFAULT_MESSAGE_TIMEOUT, KafkaPublisherBuilder};
+pub use error::KafkaConfigError;
+pub use publisher::KafkaPublisher;
+pub use record::{
+    HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_TYPE, HEADER_EVENT_VERSION, HEADER_ID,
+    RESERVED_HEADERS,
+};

@@ -1,0 +1,342 @@
+//! [`KafkaPublisher`]: enqueue a batch, await its delivery reports, keep each key in order.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{PoisonError, RwLock};
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, PurgeConfig};
+use tokio::time::Instant;
+
+use super::batch;
+use super::builder::{KafkaPublisherBuilder, create_producer};
+use super::record::{self, Router};
+use crate::relay::{Delivery, OutboxMessage, Publisher};
+
+/// Extra time, past `message.timeout.ms`, to wait for librdkafka's delivery reports: it scans
+/// for timed-out messages and requests once a second.
+const REPORT_GRACE: Duration = Duration::from_secs(2);
+/// Pause between two attempts to enqueue into a full local queue (librdkafka's own thread keeps
+/// sending meanwhile, freeing room).
+const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(2);
+/// How often to look for a fatal producer error while awaiting delivery reports.
+const FATAL_CHECK: Duration = Duration::from_millis(100);
+
+/// Publishes outbox messages to Kafka with librdkafka's idempotent producer (`acks=all`).
+///
+/// Each message becomes one Kafka record: key = aggregate id, value = the JSON payload, topic =
+/// [`OutboxMessage::topic`] (optionally mapped and prefixed, see [`KafkaPublisherBuilder`]), and
+/// the headers listed in the [module docs](super). See there, too, for exactly what order it
+/// keeps when something fails.
+///
+/// One publisher holds one producer (a few threads and one connection per broker); share it
+/// (it is `Sync`, and `Arc<KafkaPublisher>` is a [`Publisher`] too) rather than building many.
+///
+/// ```no_run
+/// use outbox_core::kafka::KafkaPublisher;
+/// use outbox_core::relay::{Delivery, OutboxMessage, Publisher};
+///
+/// # async fn run(batch: Vec<OutboxMessage>) -> Result<(), Box<dyn std::error::Error>> {
+/// let publisher = KafkaPublisher::builder().brokers("127.0.0.1:9092").build()?;
+/// let outcomes = publisher.publish(&batch).await;
+/// assert_eq!(outcomes.len(), batch.len());
+/// for (msg, outcome) in batch.iter().zip(&outcomes) {
+///     if let Delivery::Failed(why) = outcome {
+///         eprintln!("event {} not published: {why}", msg.id);
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub struct KafkaPublisher {
+    config: ClientConfig,
+    current: RwLock<Current>,
+    router: Router,
+    message_timeout: Duration,
+}
+
+/// The producer in use, and how many were replaced before it.
+struct Current {
+    generation: u64,
+    producer: FutureProducer,
+}
+
+impl KafkaPublisher {
+    /// Starts configuring a publisher.
+    ///
+    /// ```
+    /// let publisher = outbox_core::kafka::KafkaPublisher::builder()
+    ///     .brokers("127.0.0.1:9092")
+    ///     .build()?;
+    /// # drop(publisher);
+    /// # Ok::<(), outbox_core::kafka::KafkaConfigError>(())
+    /// ```
+    pub fn builder() -> KafkaPublisherBuilder {
+        KafkaPublisherBuilder::default()
+    }
+
+    pub(crate) fn new(
+        config: ClientConfig,
+        producer: FutureProducer,
+        router: Router,
+        message_timeout: Duration,
+    ) -> Self {
+        KafkaPublisher {
+            config,
+            current: RwLock::new(Current {
+                generation: 0,
+                producer,
+            }),
+            router,
+            message_timeout,
+        }
+    }
+
+    /// librdkafka's `message.timeout.ms`: how long it may try to deliver one message.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let publisher = outbox_core::kafka::KafkaPublisher::builder()
+    ///     .brokers("127.0.0.1:9092")
+    ///     .build()?;
+    /// assert_eq!(publisher.message_timeout(), Duration::from_secs(10));
+    /// # Ok::<(), outbox_core::kafka::KafkaConfigError>(())
+    /// ```
+    pub fn message_timeout(&self) -> Duration {
+        self.message_timeout
+    }
+
+    /// The longest one [`publish`](Publisher::publish) takes: a tenth of the message timeout
+    /// to wait for room in a full local queue, the message timeout itself, and two seconds of
+    /// librdkafka's once-a-second timeout scans. 13 s with the default 10 s message timeout;
+    /// configure the relay's lease well above it.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let publisher = outbox_core::kafka::KafkaPublisher::builder()
+    ///     .brokers("127.0.0.1:9092")
+    ///     .message_timeout(Duration::from_secs(5))
+    ///     .build()?;
+    /// assert_eq!(publisher.publish_timeout(), Duration::from_millis(7500));
+    /// # Ok::<(), outbox_core::kafka::KafkaConfigError>(())
+    /// ```
+    pub fn publish_timeout(&self) -> Duration {
+        self.enqueue_budget() + self.message_timeout + REPORT_GRACE
+    }
+
+    /// The topic `msg` is sent to.
+    ///
+    /// ```
+    /// # use outbox_core::relay::OutboxMessage;
+    /// # fn check(msg: OutboxMessage) -> Result<(), outbox_core::kafka::KafkaConfigError> {
+    /// let publisher = outbox_core::kafka::KafkaPublisher::builder()
+    ///     .brokers("127.0.0.1:9092")
+    ///     .topic_prefix("prod.")
+    ///     .build()?;
+    /// assert_eq!(publisher.topic_of(&msg), format!("prod.{}", msg.topic()));
+    /// # Ok(()) }
+    /// ```
+    pub fn topic_of(&self, msg: &OutboxMessage) -> String {
+        self.router.topic(msg)
+    }
+
+    /// What a delivery report (`None`: none came in time) means for the relay.
+    fn outcome(&self, topic: &str, report: Option<<DeliveryFuture as Future>::Output>) -> Delivery {
+        match report {
+            Some(Ok(Ok(_))) => Delivery::Published,
+            Some(Ok(Err((e, _)))) => {
+                Delivery::Failed(format!("delivery to topic `{topic}` failed: {e}"))
+            }
+            Some(Err(_canceled)) => Delivery::Failed(format!(
+                "delivery to topic `{topic}`: the producer closed before reporting; the outcome \
+                 is unknown"
+            )),
+            None => Delivery::Failed(format!(
+                "delivery to topic `{topic}`: no report from librdkafka within \
+                 message.timeout.ms ({:?}) + {REPORT_GRACE:?}; the outcome is unknown",
+                self.message_timeout
+            )),
+        }
+    }
+
+    fn enqueue_budget(&self) -> Duration {
+        self.message_timeout / 10
+    }
+
+    fn current(&self) -> (u64, FutureProducer) {
+        let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
+        (current.generation, current.producer.clone())
+    }
+
+    /// If the producer of `generation` hit a fatal error (it then refuses every message),
+    /// replaces it with a new one. Returns the fatal error's description, if any.
+    fn replace_if_fatal(&self, generation: u64, producer: &FutureProducer) -> Option<String> {
+        let (code, reason) = producer.client().fatal_error()?;
+        let fatal = format!("{reason} ({code:?})");
+        // If the new producer cannot be created, keep the old one: the next publish tries again.
+        let fresh = create_producer(&self.config).ok()?;
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        let old = if current.generation == generation {
+            current.generation += 1;
+            std::mem::replace(&mut current.producer, fresh)
+        } else {
+            fresh // another publish replaced it already
+        };
+        drop(current);
+        drop_in_background(old);
+        Some(fatal)
+    }
+
+    /// Enqueues one message, waiting (up to `deadline`) while the local queue is full.
+    async fn enqueue(
+        &self,
+        producer: &FutureProducer,
+        topic: &str,
+        msg: &OutboxMessage,
+        deadline: Instant,
+    ) -> Result<DeliveryFuture, String> {
+        let mut record = FutureRecord::to(topic)
+            .key(msg.aggregate_id.as_str())
+            .payload(msg.payload.as_str())
+            .headers(record::headers(msg));
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => return Ok(delivery),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                    if Instant::now() < deadline =>
+                {
+                    record = back;
+                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+                }
+                Err((e, _)) => return Err(enqueue_error(&e, topic, msg, self.enqueue_budget())),
+            }
+        }
+    }
+}
+
+fn enqueue_error(e: &KafkaError, topic: &str, msg: &OutboxMessage, budget: Duration) -> String {
+    let detail = match e.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::MessageSizeTooLarge) => format!(
+            ": the record (key {} bytes, payload {} bytes, plus headers) exceeds the producer's \
+             `message.max.bytes`",
+            msg.aggregate_id.len(),
+            msg.payload.len()
+        ),
+        Some(RDKafkaErrorCode::QueueFull) => format!(
+            ": librdkafka's local queue stayed full for {budget:?} \
+             (`queue.buffering.max.messages`, `queue.buffering.max.kbytes`): the broker is not \
+             keeping up"
+        ),
+        _ => String::new(),
+    };
+    format!("not sent to topic `{topic}`: {e}{detail}")
+}
+
+/// Awaits one delivery report until `deadline` (`None` after it). Meanwhile, if the producer
+/// hit a fatal error, purges its queue: it will never send again, and messages that were in
+/// flight when it stopped come back to the queue (librdkafka retries them after an
+/// out-of-order-sequence answer) where they would otherwise wait out `message.timeout.ms`.
+async fn await_report(
+    producer: &FutureProducer,
+    mut delivery: DeliveryFuture,
+    deadline: Instant,
+) -> Option<<DeliveryFuture as Future>::Output> {
+    loop {
+        let wake = deadline.min(Instant::now() + FATAL_CHECK);
+        match tokio::time::timeout_at(wake, &mut delivery).await {
+            Ok(report) => return Some(report),
+            Err(_) if Instant::now() >= deadline => return None,
+            Err(_) => {
+                if producer.client().fatal_error().is_some() {
+                    producer.purge(PurgeConfig::default().queue());
+                }
+            }
+        }
+    }
+}
+
+fn drop_in_background(producer: FutureProducer) {
+    // Dropping a producer purges it and waits for its threads: never on an async worker.
+    let spawned = std::thread::Builder::new()
+        .name("outbox-kafka-close".into())
+        .spawn(move || drop(producer));
+    // If no thread can be spawned the closure, and with it the producer, is dropped right here.
+    drop(spawned);
+}
+
+impl Publisher for KafkaPublisher {
+    /// Enqueues the whole batch (grouped by ordering key), then awaits every delivery report,
+    /// within [`publish_timeout`](KafkaPublisher::publish_timeout). Once a message fails to
+    /// enqueue, later messages of its key are not enqueued ([`Delivery::NotAttempted`]).
+    ///
+    /// ```no_run
+    /// # use outbox_core::relay::{Delivery, OutboxMessage, Publisher};
+    /// # async fn run(batch: &[OutboxMessage]) -> Result<(), outbox_core::kafka::KafkaConfigError> {
+    /// let publisher = outbox_core::kafka::KafkaPublisher::builder()
+    ///     .brokers("127.0.0.1:9092")
+    ///     .build()?;
+    /// let outcomes = publisher.publish(batch).await;
+    /// let published = outcomes.iter().filter(|d| **d == Delivery::Published).count();
+    /// println!("{published} of {} published", batch.len());
+    /// # Ok(()) }
+    /// ```
+    async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Delivery> {
+        let (mut generation, mut producer) = self.current();
+        if self.replace_if_fatal(generation, &producer).is_some() {
+            (generation, producer) = self.current();
+        }
+
+        let enqueue_deadline = Instant::now() + self.enqueue_budget();
+        let mut outcomes: Vec<Option<Delivery>> = vec![None; batch.len()];
+        let mut blocked: HashSet<(&str, &str)> = HashSet::new();
+        let mut pending: Vec<(usize, String, DeliveryFuture)> = Vec::with_capacity(batch.len());
+        for i in batch::enqueue_order(batch) {
+            let msg = &batch[i];
+            if blocked.contains(&msg.ordering_key()) {
+                outcomes[i] = Some(Delivery::NotAttempted);
+                continue;
+            }
+            let topic = self.router.topic(msg);
+            match self.enqueue(&producer, &topic, msg, enqueue_deadline).await {
+                Ok(delivery) => pending.push((i, topic, delivery)),
+                Err(reason) => {
+                    outcomes[i] = Some(Delivery::Failed(reason));
+                    blocked.insert(msg.ordering_key());
+                }
+            }
+        }
+
+        let report_deadline = Instant::now() + self.message_timeout + REPORT_GRACE;
+        for (i, topic, delivery) in pending {
+            let report = await_report(&producer, delivery, report_deadline).await;
+            outcomes[i] = Some(self.outcome(&topic, report));
+        }
+
+        let mut outcomes: Vec<Delivery> = outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Delivery::Failed("no outcome recorded".into())))
+            .collect();
+        batch::flag_order_breaks(batch, &mut outcomes);
+        if let Some(fatal) = self.replace_if_fatal(generation, &producer) {
+            for outcome in &mut outcomes {
+                if let Delivery::Failed(reason) = outcome {
+                    reason.push_str(&format!(
+                        "; the producer stopped on a fatal error ({fatal}) and was replaced"
+                    ));
+                }
+            }
+        }
+        outcomes
+    }
+}
+
+impl fmt::Debug for KafkaPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaPublisher")
+            .field("bootstrap.servers", &self.config.get("bootstrap.servers"))
+            .field("router", &self.router)
+            .field("message_timeout", &self.message_timeout)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,195 @@
+//! What one [`OutboxMessage`] becomes on the wire: its topic and its headers.
+
+use std::fmt;
+use std::sync::Arc;
+
+use chrono::SecondsFormat;
+use rdkafka::message::{Header, OwnedHeaders};
+
+use crate::relay::OutboxMessage;
+
+/// Header carrying the event id (a UUID, hyphenated): consumers deduplicate on it.
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::HEADER_ID, "id");
+/// ```
+pub const HEADER_ID: &str = "id";
+/// Header carrying the event type, e.g. `OrderCreated`.
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::HEADER_EVENT_TYPE, "event_type");
+/// ```
+pub const HEADER_EVENT_TYPE: &str = "event_type";
+/// Header carrying the event's schema version, in decimal.
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::HEADER_EVENT_VERSION, "event_version");
+/// ```
+pub const HEADER_EVENT_VERSION: &str = "event_version";
+/// Header carrying the aggregate type, e.g. `order`.
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::HEADER_AGGREGATE_TYPE, "aggregate_type");
+/// ```
+pub const HEADER_AGGREGATE_TYPE: &str = "aggregate_type";
+/// Header carrying when the event was written to the outbox: RFC 3339, UTC, microseconds,
+/// e.g. `2025-01-31T09:30:00.123456Z`.
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::HEADER_CREATED_AT, "created_at");
+/// ```
+pub const HEADER_CREATED_AT: &str = "created_at";
+
+/// The headers the publisher sets itself. An event header with one of these names is not sent:
+/// the publisher's value is the one consumers read.
+///
+/// ```
+/// assert!(outbox_core::kafka::RESERVED_HEADERS.contains(&"id"));
+/// assert!(!outbox_core::kafka::RESERVED_HEADERS.contains(&"traceparent"));
+/// ```
+pub const RESERVED_HEADERS: [&str; 5] = [
+    HEADER_ID,
+    HEADER_EVENT_TYPE,
+    HEADER_EVENT_VERSION,
+    HEADER_AGGREGATE_TYPE,
+    HEADER_CREATED_AT,
+];
+
+/// The Kafka headers of `msg`: the five publisher headers, then every header the event carried
+/// (e.g. `traceparent`) except those named like a publisher header.
+pub(crate) fn headers(msg: &OutboxMessage) -> OwnedHeaders {
+    let id = msg.id.hyphenated().to_string();
+    let version = msg.event_version.to_string();
+    let created_at = msg.created_at.to_rfc3339_opts(SecondsFormat::Micros, true);
+    let own = [
+        (HEADER_ID, id.as_str()),
+        (HEADER_EVENT_TYPE, msg.event_type.as_str()),
+        (HEADER_EVENT_VERSION, version.as_str()),
+        (HEADER_AGGREGATE_TYPE, msg.aggregate_type.as_str()),
+        (HEADER_CREATED_AT, created_at.as_str()),
+    ];
+    let carried = msg
+        .headers
+        .iter()
+        .filter(|(k, _)| !RESERVED_HEADERS.contains(&k.as_str()))
+        .map(|(k, v)| (k.as_str(), v.as_str()));
+    own.into_iter().chain(carried).fold(
+        OwnedHeaders::new_with_capacity(own.len() + msg.headers.len()),
+        |h, (key, value)| {
+            h.insert(Header {
+                key,
+                value: Some(value),
+            })
+        },
+    )
+}
+
+type TopicFn = dyn Fn(&OutboxMessage) -> String + Send + Sync;
+
+/// Chooses the topic of a message: a user function or [`OutboxMessage::topic`], then a prefix.
+#[derive(Clone, Default)]
+pub(crate) struct Router {
+    pub(crate) prefix: String,
+    pub(crate) map: Option<Arc<TopicFn>>,
+}
+
+impl Router {
+    pub(crate) fn topic(&self, msg: &OutboxMessage) -> String {
+        let base = match &self.map {
+            Some(map) => map(msg),
+            None => msg.topic().to_owned(),
+        };
+        if self.prefix.is_empty() {
+            base
+        } else {
+            format!("{}{base}", self.prefix)
+        }
+    }
+}
+
+impl fmt::Debug for Router {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Router")
+            .field("prefix", &self.prefix)
+            .field("map", &self.map.as_ref().map(|_| "fn"))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use rdkafka::message::Headers as _;
+
+    pub(crate) fn message() -> OutboxMessage {
+        OutboxMessage {
+            seq: 7,
+            id: uuid::Uuid::parse_str("0190b1f6-5b1c-7cc3-9a4e-3f0e1d2c3b4a").unwrap(),
+            aggregate_type: "order".into(),
+            aggregate_id: "42".into(),
+            event_type: "OrderCreated".into(),
+            event_version: 3,
+            payload: r#"{"total":5}"#.into(),
+            headers: [
+                ("traceparent".to_owned(), "00-abc-def-01".to_owned()),
+                ("id".to_owned(), "spoofed".to_owned()),
+            ]
+            .into(),
+            topic: None,
+            shard: 1,
+            created_at: chrono::Utc
+                .timestamp_opt(1_700_000_000, 123_456_000)
+                .unwrap(),
+            attempts: 1,
+        }
+    }
+
+    #[test]
+    fn headers_are_the_publisher_ones_then_the_carried_ones() {
+        let h = headers(&message());
+        let got: Vec<(String, String)> = h
+            .iter()
+            .map(|h| {
+                (
+                    h.key.to_owned(),
+                    String::from_utf8(h.value.unwrap().to_vec()).unwrap(),
+                )
+            })
+            .collect();
+        let want = [
+            ("id", "0190b1f6-5b1c-7cc3-9a4e-3f0e1d2c3b4a"),
+            ("event_type", "OrderCreated"),
+            ("event_version", "3"),
+            ("aggregate_type", "order"),
+            ("created_at", "2023-11-14T22:13:20.123456Z"),
+            ("traceparent", "00-abc-def-01"),
+        ];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn topics_are_routed_then_prefixed() {
+        let mut msg = message();
+        let plain = Router::default();
+        assert_eq!(plain.topic(&msg), "order");
+        let prefixed = Router {
+            prefix: "prod.".into(),
+            map: None,
+        };
+        assert_eq!(prefixed.topic(&msg), "prod.order");
+        msg.topic = Some("orders-v2".into());
+        assert_eq!(prefixed.topic(&msg), "prod.orders-v2");
+        let mapped = Router {
+            prefix: "prod.".into(),
+            map: Some(Arc::new(|m: &OutboxMessage| {
+                format!("{}.{}", m.aggregate_type, m.event_type)
+            })),
+        };
+        assert_eq!(mapped.topic(&msg), "prod.order.OrderCreated");
+    }
+}
