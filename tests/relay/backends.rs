@@ -45,7 +45,6 @@ macro_rules! fill_with {
         }
     }};
 }
-pub(crate) use fill_with;
 
 #[cfg(feature = "postgres")]
 pub struct Postgres;
