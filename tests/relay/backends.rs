@@ -75,3 +75,33 @@ impl Backend for Postgres {
             .n
     }
 }
+
+#[cfg(feature = "mysql")]
+pub struct Mysql;
+
+#[cfg(feature = "mysql")]
+impl Backend for Mysql {
+    type Store = outbox::relay::MysqlRelayStore;
+    fn database(label: &str) -> TestDatabase {
+        TestDatabase::mysql(label)
+    }
+    fn store(db: &TestDatabase) -> Self::Store {
+        outbox::relay::MysqlRelayStore::new(&db.url)
+    }
+    fn fill(db: &TestDatabase, aggregates: usize, per_aggregate: usize) {
+        fill_with!(diesel::MysqlConnection, db, aggregates, per_aggregate)
+    }
+    fn exec(db: &TestDatabase, sql: &str) {
+        use diesel::{Connection, RunQueryDsl};
+        let mut conn = diesel::MysqlConnection::establish(&db.url).unwrap();
+        diesel::sql_query(sql).execute(&mut conn).unwrap();
+    }
+    fn count(db: &TestDatabase, sql: &str) -> i64 {
+        use diesel::{Connection, RunQueryDsl};
+        let mut conn = diesel::MysqlConnection::establish(&db.url).unwrap();
+        diesel::sql_query(sql)
+            .get_result::<Count>(&mut conn)
+            .unwrap()
+            .n
+    }
+}

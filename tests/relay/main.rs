@@ -9,6 +9,10 @@ mod support;
 
 mod backends;
 mod store_suite;
+#[cfg(feature = "mysql")]
+mod text_ids;
 
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;

@@ -10,10 +10,15 @@
 //! lease expiry; SQLite runs in-process, so its clock is the relay's.
 
 mod common;
+#[cfg(feature = "mysql_backend")]
+mod mysql;
 #[cfg(feature = "postgres_backend")]
 mod pg;
 
 pub use common::{ConnectError, connect_error};
+#[cfg(feature = "mysql_backend")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use mysql::MysqlRelayStore;
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use pg::PgRelayStore;
