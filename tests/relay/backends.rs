@@ -105,3 +105,43 @@ impl Backend for Mysql {
             .n
     }
 }
+
+#[cfg(feature = "sqlite")]
+pub struct Sqlite;
+
+/// A test's own SQLite connection: it waits for the relays' write lock like they do.
+#[cfg(feature = "sqlite")]
+fn sqlite_conn(db: &TestDatabase) -> diesel::SqliteConnection {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    let mut conn = diesel::SqliteConnection::establish(&db.url).unwrap();
+    conn.batch_execute("PRAGMA busy_timeout = 5000").unwrap();
+    conn
+}
+
+#[cfg(feature = "sqlite")]
+impl Backend for Sqlite {
+    type Store = outbox::relay::SqliteRelayStore;
+    fn database(label: &str) -> TestDatabase {
+        TestDatabase::sqlite(label)
+    }
+    fn store(db: &TestDatabase) -> Self::Store {
+        outbox::relay::SqliteRelayStore::new(&db.url)
+    }
+    fn fill(db: &TestDatabase, aggregates: usize, per_aggregate: usize) {
+        fill_with!(diesel::SqliteConnection, db, aggregates, per_aggregate)
+    }
+    fn exec(db: &TestDatabase, sql: &str) {
+        use diesel::RunQueryDsl;
+        diesel::sql_query(sql)
+            .execute(&mut sqlite_conn(db))
+            .unwrap();
+    }
+    fn count(db: &TestDatabase, sql: &str) -> i64 {
+        use diesel::RunQueryDsl;
+        diesel::sql_query(sql)
+            .get_result::<Count>(&mut sqlite_conn(db))
+            .unwrap()
+            .n
+    }
+}
