@@ -81,3 +81,60 @@ async fn claim_that_waited_past_its_lease_claims_nothing() {
     };
     assert_eq!(b.claim(&claim).await.unwrap().len(), 4);
 }
+
+/// A unit of work that InnoDB aborts to break a deadlock is run again by the store, not
+/// returned as an error: here a mark deadlocks with a bigger transaction (so the mark is the
+/// victim) and still marks both rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlock_victim_is_run_again() {
+    use std::time::Duration;
+
+    use outbox::relay::*;
+
+    use crate::backends::Backend;
+
+    let db = Mysql::database("deadlock");
+    Mysql::fill(&db, 2, 1); // seq 1 and 2
+    let mut store = Mysql::store(&db);
+    let claim = Claim {
+        relay: "a",
+        limit: 10,
+        lease: Duration::from_secs(30),
+        order: ClaimOrder::Unordered,
+    };
+    assert_eq!(store.claim(&claim).await.unwrap().len(), 2);
+
+    let url = db.url.clone();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let other = std::thread::spawn(move || {
+        use diesel::{Connection, RunQueryDsl};
+        let mut conn = diesel::MysqlConnection::establish(&url).unwrap();
+        conn.transaction(|conn| {
+            // Enough changes that InnoDB picks the mark as the victim.
+            for i in 0..50 {
+                diesel::sql_query(format!(
+                    "INSERT INTO orders (id, total_cents) VALUES ({i}, 1)"
+                ))
+                .execute(conn)?;
+            }
+            diesel::sql_query("SELECT seq FROM outbox_events WHERE seq = 2 FOR UPDATE")
+                .execute(conn)?;
+            locked_tx.send(()).unwrap();
+            // The mark holds row 1 and waits for row 2; taking row 1 closes the cycle.
+            std::thread::sleep(Duration::from_millis(500));
+            diesel::sql_query("SELECT seq FROM outbox_events WHERE seq = 1 FOR UPDATE")
+                .execute(conn)?;
+            std::thread::sleep(Duration::from_millis(200));
+            Ok::<_, diesel::result::Error>(())
+        })
+        .unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let marked = store
+        .complete("a", &[1, 2], Completion::MarkPublished)
+        .await
+        .unwrap();
+    other.join().unwrap();
+    // Without the retry, `complete` fails with "Deadlock found when trying to get lock".
+    assert_eq!(marked, 2);
+}

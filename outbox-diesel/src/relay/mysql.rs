@@ -164,6 +164,48 @@ const CLEANUP: &str = "DELETE FROM outbox_events \
 /// `last_error` is a `TEXT` column: at most 65,535 bytes.
 const MAX_ERROR_BYTES: usize = 65_535;
 
+/// How often a unit of work that InnoDB chose as a deadlock victim is run again at once.
+const DEADLOCK_RETRIES: u32 = 3;
+
+/// Whether InnoDB rolled the transaction back to break a deadlock (error 1213). diesel-async
+/// keeps only the server's message, so this reads it; under a non-English `lc_messages` it
+/// misses, and the error goes to the relay, which backs off and retries the same way.
+fn is_deadlock(e: &diesel::result::Error) -> bool {
+    matches!(e, diesel::result::Error::DatabaseError(_, info)
+        if info.message().starts_with("Deadlock found"))
+}
+
+/// Runs `$f` in a transaction on `$conn`, again (up to [`DEADLOCK_RETRIES`] times) when
+/// InnoDB aborts it as a deadlock victim. Every unit of work here is safe to rerun whole:
+/// the rollback undid all of it. Deadlocks are expected now and then: an ordered claim
+/// locks a row's `outbox_events_pending` entry and then the row, while a mark of that row
+/// holds the row and then updates the entry (`published_at` is in that index).
+macro_rules! in_transaction {
+    ($conn:expr, $f:expr) => {{
+        let mut tries = 0u32;
+        loop {
+            match $conn.transaction($f).await {
+                Err(e) if tries < DEADLOCK_RETRIES && IsDeadlock::is_deadlock(&e) => {
+                    tries += 1;
+                    tracing::debug!(tries, "deadlock victim; running the transaction again");
+                }
+                r => break r,
+            }
+        }
+    }};
+}
+
+/// Errors that can say whether they are a deadlock.
+trait IsDeadlock {
+    fn is_deadlock(&self) -> bool;
+}
+
+impl IsDeadlock for diesel::result::Error {
+    fn is_deadlock(&self) -> bool {
+        is_deadlock(self)
+    }
+}
+
 #[derive(QueryableByName)]
 struct Row {
     #[diesel(sql_type = BigInt)]
@@ -298,6 +340,9 @@ fn truncate_error(error: &str) -> &str {
 ///   lease row is on the database clock, survives reconnects, and the ordered claim checks
 ///   it in its own statements, which is what fences a deposed leader.
 /// - **Failures** are recorded with one `UPDATE` per failed row, in one transaction.
+/// - **Shard rebalancing** is pg.rs's algorithm: the heartbeat and the removal of long-dead
+///   relays as statements of their own, then the count of live relays, the renewal, and
+///   giving up surplus or taking free shards (`FOR UPDATE SKIP LOCKED`) in one transaction.
 ///
 /// **Ordered modes and InnoDB locking.** The ordering guarantee is PostgreSQL's, but InnoDB
 /// gets there differently, and it costs more waiting:
@@ -404,6 +449,12 @@ impl From<diesel::result::Error> for ClaimError {
     }
 }
 
+impl IsDeadlock for ClaimError {
+    fn is_deadlock(&self) -> bool {
+        matches!(self, ClaimError::Db(e) if is_deadlock(e))
+    }
+}
+
 async fn claim_in(
     conn: &mut AsyncMysqlConnection,
     claim: &Claim<'_>,
@@ -475,11 +526,14 @@ async fn claim_in(
     Ok(out)
 }
 
-async fn rebalance_in(
+/// Heartbeats `relay` and forgets relays dead for an hour: two statements, each its own
+/// transaction. Inside one transaction they deadlock: each relay's heartbeat holds its own
+/// row, and each `DELETE` scans (and waits for) every row, uncommitted inserts included.
+async fn heartbeat(
     conn: &mut AsyncMysqlConnection,
     relay: &str,
     lease: i64,
-) -> diesel::QueryResult<ShardAssignment> {
+) -> diesel::QueryResult<()> {
     diesel::sql_query(HEARTBEAT)
         .bind::<Text, _>(relay)
         .bind::<BigInt, _>(lease)
@@ -487,6 +541,19 @@ async fn rebalance_in(
         .execute(conn)
         .await?;
     diesel::sql_query(FORGET_DEAD_RELAYS).execute(conn).await?;
+    Ok(())
+}
+
+/// Counts live relays, renews `relay`'s shard leases, gives up its surplus or takes free
+/// shards: one transaction. It waits for no lock another rebalance holds while waiting
+/// itself: the renewal's `UPDATE` reads locked rows semi-consistently (it waits only for a
+/// row whose committed owner is `relay`, which another relay is taking over, and that one
+/// waits for nothing), and free shards are taken with `SKIP LOCKED`.
+async fn rebalance_in(
+    conn: &mut AsyncMysqlConnection,
+    relay: &str,
+    lease: i64,
+) -> diesel::QueryResult<ShardAssignment> {
     let live = diesel::sql_query(LIVE_RELAYS)
         .get_result::<CountRow>(conn)
         .await?
@@ -548,10 +615,7 @@ async fn rebalance_in(
 impl RelayStore for MysqlRelayStore {
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
         let conn = self.conn().await?;
-        match conn
-            .transaction(async |conn| claim_in(conn, claim).await)
-            .await
-        {
+        match in_transaction!(conn, async |conn| claim_in(conn, claim).await) {
             Ok(rows) => Ok(rows),
             Err(ClaimError::Fenced) => {
                 tracing::warn!(
@@ -578,17 +642,15 @@ impl RelayStore for MysqlRelayStore {
             Completion::Delete => COMPLETE_DELETE,
         };
         let conn = self.conn().await?;
-        let r = conn
-            .transaction(async |conn| {
-                let mut n = 0;
-                for chunk in seqs.chunks(IN_LIST_MAX) {
-                    n += in_list(sql, chunk, "", |q| q.bind::<Text, _>(relay), bind_seq)
-                        .execute(conn)
-                        .await?;
-                }
-                Ok::<_, diesel::result::Error>(n as u64)
-            })
-            .await;
+        let r = in_transaction!(conn, async |conn| {
+            let mut n = 0;
+            for chunk in seqs.chunks(IN_LIST_MAX) {
+                n += in_list(sql, chunk, "", |q| q.bind::<Text, _>(relay), bind_seq)
+                    .execute(conn)
+                    .await?;
+            }
+            Ok::<_, diesel::result::Error>(n as u64)
+        });
         self.check("mark published", r)
     }
 
@@ -600,34 +662,32 @@ impl RelayStore for MysqlRelayStore {
         let mut sorted: Vec<&Failure> = failures.iter().collect();
         sorted.sort_unstable_by_key(|f| f.seq);
         let conn = self.conn().await?;
-        let r = conn
-            .transaction(async |conn| {
-                let mut n = 0;
-                for f in sorted {
-                    let error = truncate_error(&f.error);
-                    n += match f.retry_after {
-                        Some(delay) => {
-                            diesel::sql_query(FAIL_RETRY)
-                                .bind::<Text, _>(error)
-                                .bind::<BigInt, _>(micros(delay))
-                                .bind::<BigInt, _>(f.seq)
-                                .bind::<Text, _>(relay)
-                                .execute(conn)
-                                .await?
-                        }
-                        None => {
-                            diesel::sql_query(FAIL_DEAD)
-                                .bind::<Text, _>(error)
-                                .bind::<BigInt, _>(f.seq)
-                                .bind::<Text, _>(relay)
-                                .execute(conn)
-                                .await?
-                        }
-                    };
-                }
-                Ok::<_, diesel::result::Error>(n as u64)
-            })
-            .await;
+        let r = in_transaction!(conn, async |conn| {
+            let mut n = 0;
+            for f in &sorted {
+                let error = truncate_error(&f.error);
+                n += match f.retry_after {
+                    Some(delay) => {
+                        diesel::sql_query(FAIL_RETRY)
+                            .bind::<Text, _>(error)
+                            .bind::<BigInt, _>(micros(delay))
+                            .bind::<BigInt, _>(f.seq)
+                            .bind::<Text, _>(relay)
+                            .execute(conn)
+                            .await?
+                    }
+                    None => {
+                        diesel::sql_query(FAIL_DEAD)
+                            .bind::<Text, _>(error)
+                            .bind::<BigInt, _>(f.seq)
+                            .bind::<Text, _>(relay)
+                            .execute(conn)
+                            .await?
+                    }
+                };
+            }
+            Ok::<_, diesel::result::Error>(n as u64)
+        });
         self.check("record failures", r)
     }
 
@@ -636,17 +696,15 @@ impl RelayStore for MysqlRelayStore {
             return Ok(0);
         }
         let conn = self.conn().await?;
-        let r = conn
-            .transaction(async |conn| {
-                let mut n = 0;
-                for chunk in seqs.chunks(IN_LIST_MAX) {
-                    n += in_list(RELEASE, chunk, "", |q| q.bind::<Text, _>(relay), bind_seq)
-                        .execute(conn)
-                        .await?;
-                }
-                Ok::<_, diesel::result::Error>(n as u64)
-            })
-            .await;
+        let r = in_transaction!(conn, async |conn| {
+            let mut n = 0;
+            for chunk in seqs.chunks(IN_LIST_MAX) {
+                n += in_list(RELEASE, chunk, "", |q| q.bind::<Text, _>(relay), bind_seq)
+                    .execute(conn)
+                    .await?;
+            }
+            Ok::<_, diesel::result::Error>(n as u64)
+        });
         self.check("release", r)
     }
 
@@ -657,24 +715,22 @@ impl RelayStore for MysqlRelayStore {
     ) -> Result<bool, StoreError> {
         let lease = micros(lease);
         let conn = self.conn().await?;
-        let r = conn
-            .transaction(async |conn| {
-                diesel::sql_query(LEAD)
-                    .bind::<Text, _>(relay)
-                    .bind::<BigInt, _>(lease)
-                    .bind::<Text, _>(relay)
-                    .bind::<Text, _>(relay)
-                    .bind::<Text, _>(relay)
-                    .bind::<BigInt, _>(lease)
-                    .execute(conn)
-                    .await?;
-                let holder = diesel::sql_query(LEADER)
-                    .get_result::<HolderRow>(conn)
-                    .await
-                    .optional()?;
-                Ok::<_, diesel::result::Error>(holder.is_some_and(|h| h.holder == relay))
-            })
-            .await;
+        let r = in_transaction!(conn, async |conn| {
+            diesel::sql_query(LEAD)
+                .bind::<Text, _>(relay)
+                .bind::<BigInt, _>(lease)
+                .bind::<Text, _>(relay)
+                .bind::<Text, _>(relay)
+                .bind::<Text, _>(relay)
+                .bind::<BigInt, _>(lease)
+                .execute(conn)
+                .await?;
+            let holder = diesel::sql_query(LEADER)
+                .get_result::<HolderRow>(conn)
+                .await
+                .optional()?;
+            Ok::<_, diesel::result::Error>(holder.is_some_and(|h| h.holder == relay))
+        });
         self.check("acquire leadership", r)
     }
 
@@ -685,30 +741,31 @@ impl RelayStore for MysqlRelayStore {
     ) -> Result<ShardAssignment, StoreError> {
         let lease = micros(lease);
         let conn = self.conn().await?;
-        let r = conn
-            .transaction(async |conn| rebalance_in(conn, relay, lease).await)
-            .await;
+        let r = match heartbeat(conn, relay, lease).await {
+            Ok(()) => {
+                in_transaction!(conn, async |conn| rebalance_in(conn, relay, lease).await)
+            }
+            Err(e) => Err(e),
+        };
         self.check("rebalance shards", r)
     }
 
     async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
         let conn = self.conn().await?;
-        let r = conn
-            .transaction(async |conn| {
-                for sql in [
-                    RELEASE_ALL_ROWS,
-                    RELEASE_SHARDS,
-                    RELEASE_LEADER,
-                    FORGET_RELAY,
-                ] {
-                    diesel::sql_query(sql)
-                        .bind::<Text, _>(relay)
-                        .execute(conn)
-                        .await?;
-                }
-                Ok::<_, diesel::result::Error>(())
-            })
-            .await;
+        let r = in_transaction!(conn, async |conn| {
+            for sql in [
+                RELEASE_ALL_ROWS,
+                RELEASE_SHARDS,
+                RELEASE_LEADER,
+                FORGET_RELAY,
+            ] {
+                diesel::sql_query(sql)
+                    .bind::<Text, _>(relay)
+                    .execute(conn)
+                    .await?;
+            }
+            Ok::<_, diesel::result::Error>(())
+        });
         self.check("release leases", r)
     }
 
