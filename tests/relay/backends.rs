@@ -45,7 +45,6 @@ macro_rules! fill_with {
         }
     }};
 }
-pub(crate) use fill_with;
 
 #[cfg(feature = "postgres")]
 pub struct Postgres;
@@ -72,6 +71,76 @@ impl Backend for Postgres {
         let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
         diesel::sql_query(sql)
             .get_result::<Count>(&mut conn)
+            .unwrap()
+            .n
+    }
+}
+
+#[cfg(feature = "mysql")]
+pub struct Mysql;
+
+#[cfg(feature = "mysql")]
+impl Backend for Mysql {
+    type Store = outbox::relay::MysqlRelayStore;
+    fn database(label: &str) -> TestDatabase {
+        TestDatabase::mysql(label)
+    }
+    fn store(db: &TestDatabase) -> Self::Store {
+        outbox::relay::MysqlRelayStore::new(&db.url)
+    }
+    fn fill(db: &TestDatabase, aggregates: usize, per_aggregate: usize) {
+        fill_with!(diesel::MysqlConnection, db, aggregates, per_aggregate)
+    }
+    fn exec(db: &TestDatabase, sql: &str) {
+        use diesel::{Connection, RunQueryDsl};
+        let mut conn = diesel::MysqlConnection::establish(&db.url).unwrap();
+        diesel::sql_query(sql).execute(&mut conn).unwrap();
+    }
+    fn count(db: &TestDatabase, sql: &str) -> i64 {
+        use diesel::{Connection, RunQueryDsl};
+        let mut conn = diesel::MysqlConnection::establish(&db.url).unwrap();
+        diesel::sql_query(sql)
+            .get_result::<Count>(&mut conn)
+            .unwrap()
+            .n
+    }
+}
+
+#[cfg(feature = "sqlite")]
+pub struct Sqlite;
+
+/// A test's own SQLite connection: it waits for the relays' write lock like they do.
+#[cfg(feature = "sqlite")]
+fn sqlite_conn(db: &TestDatabase) -> diesel::SqliteConnection {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    let mut conn = diesel::SqliteConnection::establish(&db.url).unwrap();
+    conn.batch_execute("PRAGMA busy_timeout = 5000").unwrap();
+    conn
+}
+
+#[cfg(feature = "sqlite")]
+impl Backend for Sqlite {
+    type Store = outbox::relay::SqliteRelayStore;
+    fn database(label: &str) -> TestDatabase {
+        TestDatabase::sqlite(label)
+    }
+    fn store(db: &TestDatabase) -> Self::Store {
+        outbox::relay::SqliteRelayStore::new(&db.url)
+    }
+    fn fill(db: &TestDatabase, aggregates: usize, per_aggregate: usize) {
+        fill_with!(diesel::SqliteConnection, db, aggregates, per_aggregate)
+    }
+    fn exec(db: &TestDatabase, sql: &str) {
+        use diesel::RunQueryDsl;
+        diesel::sql_query(sql)
+            .execute(&mut sqlite_conn(db))
+            .unwrap();
+    }
+    fn count(db: &TestDatabase, sql: &str) -> i64 {
+        use diesel::RunQueryDsl;
+        diesel::sql_query(sql)
+            .get_result::<Count>(&mut sqlite_conn(db))
             .unwrap()
             .n
     }

@@ -9,6 +9,12 @@ mod support;
 
 mod backends;
 mod store_suite;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+mod text_ids;
 
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;

@@ -338,7 +338,7 @@ pub async fn relays_drain<B: Backend>(mode: Mode, relays: usize, fail_one_in: u6
             *s ^= *s << 13;
             *s ^= *s >> 7;
             *s ^= *s << 17;
-            (*s % fail_one_in == 0).then(|| "injected".to_owned())
+            s.is_multiple_of(fail_one_in).then(|| "injected".to_owned())
         });
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

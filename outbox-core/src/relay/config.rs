@@ -187,10 +187,10 @@ impl RelayConfig {
         if self.poll_interval.is_zero() {
             return Err("poll_interval must be above zero".into());
         }
-        if let Some(r) = &self.retention {
-            if r.batch == 0 {
-                return Err("retention batch must be at least 1".into());
-            }
+        if let Some(r) = &self.retention
+            && r.batch == 0
+        {
+            return Err("retention batch must be at least 1".into());
         }
         Ok(())
     }

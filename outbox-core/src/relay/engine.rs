@@ -157,14 +157,14 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 continue;
             }
 
-            if let Some(retention) = self.config.retention {
-                if Instant::now() >= next_cleanup {
-                    next_cleanup = Instant::now() + retention.every;
-                    match self.store.cleanup(retention.keep, retention.batch).await {
-                        Ok(n) if n > 0 => tracing::debug!(deleted = n, "retention cleanup"),
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(error = %e, "retention cleanup failed"),
-                    }
+            if let Some(retention) = self.config.retention
+                && Instant::now() >= next_cleanup
+            {
+                next_cleanup = Instant::now() + retention.every;
+                match self.store.cleanup(retention.keep, retention.batch).await {
+                    Ok(n) if n > 0 => tracing::debug!(deleted = n, "retention cleanup"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "retention cleanup failed"),
                 }
             }
 
@@ -329,22 +329,22 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         let relay = self.config.relay_id.as_str();
         let deadline = Instant::now() + self.config.lease;
         let completion = self.config.completion;
-        if !published.is_empty() {
-            if let Some(n) = retry_until!(
+        if !published.is_empty()
+            && let Some(n) = retry_until!(
                 self,
                 deadline,
                 self.store.complete(relay, &published, completion)
-            ) {
-                RelayStats::add(&self.stats.published, n as usize);
-                let fenced = published.len().saturating_sub(n as usize);
-                if fenced > 0 {
-                    tracing::warn!(
-                        fenced,
-                        "published rows whose lease had passed to another relay"
-                    );
-                }
-                RelayStats::add(&self.stats.fenced, fenced);
+            )
+        {
+            RelayStats::add(&self.stats.published, n as usize);
+            let fenced = published.len().saturating_sub(n as usize);
+            if fenced > 0 {
+                tracing::warn!(
+                    fenced,
+                    "published rows whose lease had passed to another relay"
+                );
             }
+            RelayStats::add(&self.stats.fenced, fenced);
         }
         if !failures.is_empty()
             && retry_until!(self, deadline, self.store.fail(relay, &failures)).is_some()
@@ -352,10 +352,10 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             RelayStats::add(&self.stats.retried, failures.len() - dead);
             RelayStats::add(&self.stats.dead_lettered, dead);
         }
-        if !released.is_empty() {
-            if let Some(n) = retry_until!(self, deadline, self.store.release(relay, &released)) {
-                RelayStats::add(&self.stats.released, n as usize);
-            }
+        if !released.is_empty()
+            && let Some(n) = retry_until!(self, deadline, self.store.release(relay, &released))
+        {
+            RelayStats::add(&self.stats.released, n as usize);
         }
     }
 }

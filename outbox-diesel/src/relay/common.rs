@@ -30,8 +30,53 @@ pub(crate) fn parse_headers(json: &str) -> Headers {
 }
 
 /// Seconds as the databases' interval arithmetic takes them.
+#[cfg(feature = "postgres_backend")]
 pub(crate) fn secs(d: std::time::Duration) -> f64 {
     d.as_secs_f64()
+}
+
+/// The longest lease, backoff or retention a store adds to a time: a century. Longer
+/// durations are clamped so that `now + d` stays within every backend's date range
+/// (MySQL's `DATETIME` ends with the year 9999).
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+pub(crate) const MAX_INTERVAL: std::time::Duration =
+    std::time::Duration::from_secs(100 * 366 * 24 * 3600);
+
+/// Microseconds, as MySQL's `INTERVAL ? MICROSECOND` takes them (clamped to
+/// [`MAX_INTERVAL`]).
+#[cfg(feature = "mysql_backend")]
+pub(crate) fn micros(d: std::time::Duration) -> i64 {
+    i64::try_from(d.min(MAX_INTERVAL).as_micros()).unwrap_or(i64::MAX)
+}
+
+/// Values per `IN (…)` list: far below MySQL's 65,535 placeholders per statement and
+/// SQLite's 32,766, and above any sensible batch size, so a batch is one statement.
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+pub(crate) const IN_LIST_MAX: usize = 1_000;
+
+/// `?, ?, …, ?`: `n` placeholders for an `IN (…)` list. The values are always bound, never
+/// written into the SQL.
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+pub(crate) fn placeholders(n: usize) -> String {
+    let mut s = String::with_capacity(n * 3);
+    for i in 0..n {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        s.push('?');
+    }
+    s
+}
+
+/// An event id stored as text (MySQL, SQLite). A malformed one is an error naming the row,
+/// not a silently invented id.
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+pub(crate) fn parse_id(seq: i64, id: &str) -> diesel::QueryResult<uuid::Uuid> {
+    uuid::Uuid::parse_str(id).map_err(|e| {
+        diesel::result::Error::DeserializationError(
+            format!("outbox_events row {seq} has an invalid id {id:?}: {e}").into(),
+        )
+    })
 }
 
 /// `ceil(SHARD_COUNT / live)`: each relay's fair share of shards.

@@ -7,13 +7,24 @@
 //! an error, so the relay survives a database restart.
 //!
 //! Times are the database's clock (PostgreSQL, MySQL) so relays on different hosts agree on
-//! lease expiry; SQLite runs in-process, so its clock is the relay's.
+//! lease expiry; SQLite runs in-process, so its clock is the relay's, and it is meant for one
+//! relay (see `SqliteRelayStore`).
 
 mod common;
+#[cfg(feature = "mysql_backend")]
+mod mysql;
 #[cfg(feature = "postgres_backend")]
 mod pg;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
 pub use common::{ConnectError, connect_error};
+#[cfg(feature = "mysql_backend")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use mysql::MysqlRelayStore;
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use pg::PgRelayStore;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use sqlite::SqliteRelayStore;
