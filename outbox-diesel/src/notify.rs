@@ -33,7 +33,9 @@ fn epoch() -> Instant {
 /// # outbox_diesel::notify::set_interval(Some(Duration::from_millis(100)));
 /// ```
 pub fn set_interval(interval: Option<Duration>) {
-    let micros = interval.map_or(u64::MAX, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX - 1));
+    let micros = interval.map_or(u64::MAX, |d| {
+        u64::try_from(d.as_micros()).unwrap_or(u64::MAX - 1)
+    });
     INTERVAL_MICROS.store(micros, Ordering::Relaxed);
 }
 
@@ -56,5 +58,6 @@ pub(crate) fn due() -> bool {
     if last != 0 && now.saturating_sub(last) < interval {
         return false;
     }
-    LAST.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    LAST.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
 }

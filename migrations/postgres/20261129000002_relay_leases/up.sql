@@ -22,6 +22,14 @@ CREATE TABLE outbox_leader (
     lease_until TIMESTAMPTZ NOT NULL
 );
 
+-- Ordered modes check, for each candidate, whether an earlier event of its aggregate is
+-- blocked (leased, or waiting for a retry). Only rows that are or were in flight can be: a
+-- small index of just those keeps the check cheap and its plan stable however large the
+-- backlog and however stale the statistics.
+CREATE INDEX outbox_events_inflight_aggregate ON outbox_events (aggregate_type, aggregate_id, seq)
+    WHERE published_at IS NULL AND dead_at IS NULL
+      AND (locked_by IS NOT NULL OR attempts > 0 OR available_at > created_at);
+
 -- Dead letters that block their aggregate (ordered modes), and retention cleanup.
 CREATE INDEX outbox_events_dead_aggregate ON outbox_events (aggregate_type, aggregate_id, seq)
     WHERE dead_at IS NOT NULL AND published_at IS NULL;

@@ -28,3 +28,10 @@ pub use pg::PgRelayStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteRelayStore;
+
+/// The claim statements, for tests that inspect their plans. Not public API.
+#[doc(hidden)]
+pub mod __sql {
+    #[cfg(feature = "postgres_backend")]
+    pub use super::pg::{CLAIM_ORDERED as PG_CLAIM_ORDERED, CLAIM_UNORDERED as PG_CLAIM_UNORDERED};
+}
