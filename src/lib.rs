@@ -52,8 +52,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use outbox_core::{
-    AggregateKey, BoxError, Error, EventType, Headers, NewMessage, OutboxEvent, SHARD_COUNT,
-    shard_of,
+    AggregateKey, BoxError, DecodeError, Envelope, Error, EventType, HEADER_AGGREGATE_TYPE,
+    HEADER_CREATED_AT, HEADER_EVENT_TYPE, HEADER_EVENT_VERSION, HEADER_ID, Headers, NewMessage,
+    OutboxEvent, Outcome, RESERVED_HEADERS, SHARD_COUNT, shard_of,
 };
 
 pub use outbox_diesel::{
@@ -80,6 +81,8 @@ pub mod relay {
 }
 
 pub use outbox_diesel::notify;
+
+pub use outbox_diesel::inbox;
 
 /// The outbox's schema migrations: [`migrations::run`] (sync) and `migrations::run_async`.
 pub mod migrations {

@@ -1,5 +1,6 @@
 //! Diesel storage of [`outbox`](https://docs.rs/outbox): `transaction_with_outbox` on sync and
-//! async connections, the free `publish` functions, and the embedded migrations.
+//! async connections, the free `publish` functions, the consumers' [`inbox`], and the embedded
+//! migrations.
 //!
 //! Depend on the `outbox` crate, which re-exports this one behind its backend features.
 //!
@@ -12,6 +13,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+pub mod inbox;
 pub mod migrations;
 pub mod notify;
 mod sync;
