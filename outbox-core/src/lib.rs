@@ -34,6 +34,12 @@ pub use shard::{SHARD_COUNT, shard_of};
 #[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
 pub use outbox_derive::OutboxEvent;
 
+/// `#[idempotent]`: see the `outbox` crate for its documentation. The code it generates needs
+/// the Diesel store: it refers to `::outbox` (or the `crate = outbox_diesel` it is given).
+#[cfg(feature = "derive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
+pub use outbox_derive::idempotent;
+
 /// Items the generated code uses. Not public API: it may change in any release.
 #[doc(hidden)]
 pub mod __private {

@@ -197,3 +197,12 @@ pub fn with_effects<C: SyncConn>(db: TestDatabase) -> TestDatabase {
 
 pub const COUNT_INBOX: &str = "SELECT COUNT(*) AS n FROM outbox_inbox";
 pub const COUNT_EFFECTS: &str = "SELECT COUNT(*) AS n FROM effects";
+
+/// [`with_effects`] for async connection types.
+pub async fn with_effects_async<C: AsyncConn>(db: TestDatabase) -> TestDatabase {
+    C::open(&db)
+        .await
+        .exec(<C::Backend as BackendSql>::EFFECTS_DDL)
+        .await;
+    db
+}

@@ -9,6 +9,7 @@
 mod support;
 
 mod conns;
+mod idempotent_suite;
 mod inbox_suite;
 
 #[cfg(feature = "postgres")]
@@ -45,6 +46,44 @@ async_inbox_suite!(
 #[cfg(feature = "sqlite")]
 async_inbox_suite!(
     async_sqlite,
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    crate::support::TestDatabase::sqlite
+);
+
+#[cfg(feature = "postgres")]
+idempotent_suite!(
+    idempotent_postgres,
+    diesel::PgConnection,
+    crate::support::TestDatabase::postgres
+);
+#[cfg(feature = "mysql")]
+idempotent_suite!(
+    idempotent_mysql,
+    diesel::MysqlConnection,
+    crate::support::TestDatabase::mysql
+);
+#[cfg(feature = "sqlite")]
+idempotent_suite!(
+    idempotent_sqlite,
+    diesel::SqliteConnection,
+    crate::support::TestDatabase::sqlite
+);
+
+#[cfg(feature = "postgres")]
+async_idempotent_suite!(
+    idempotent_async_postgres,
+    diesel_async::AsyncPgConnection,
+    crate::support::TestDatabase::postgres
+);
+#[cfg(feature = "mysql")]
+async_idempotent_suite!(
+    idempotent_async_mysql,
+    diesel_async::AsyncMysqlConnection,
+    crate::support::TestDatabase::mysql
+);
+#[cfg(feature = "sqlite")]
+async_idempotent_suite!(
+    idempotent_async_sqlite,
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
     crate::support::TestDatabase::sqlite
 );
