@@ -49,6 +49,8 @@
 //!   closure.
 //! - `r2d2`: Diesel's r2d2 pool; pooled connections work unchanged.
 //! - `relay`: the relay engine and its stores (implies `async`).
+//! - `kafka`: the Kafka publisher and consumer (implies `relay`; builds librdkafka from source,
+//!   which needs a C compiler and `make`).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use outbox_core::{
@@ -78,6 +80,16 @@ pub use outbox_diesel::{
 pub mod relay {
     pub use outbox_core::relay::*;
     pub use outbox_diesel::relay::*;
+}
+
+/// Kafka: the relay's [`KafkaPublisher`](kafka::KafkaPublisher) and the consumers'
+/// [`KafkaConsumer`](kafka::KafkaConsumer), which dispatches each message to the handler of its
+/// event type (typically an [`idempotent`] function) and commits its offset only once the
+/// handler's transaction committed.
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub mod kafka {
+    pub use outbox_core::kafka::*;
 }
 
 pub use outbox_diesel::notify;

@@ -15,7 +15,14 @@ pub trait BackendSql {
     const EFFECTS_DDL: &'static str;
     /// Makes every inbox row of `consumer = 'old'` two days old.
     const AGE_INBOX: &'static str;
+    /// `SELECT COUNT(*) AS n FROM effects WHERE event_id = <bind>`.
+    const COUNT_EFFECTS_FOR: &'static str;
+    /// `SELECT COUNT(*) AS n FROM outbox_inbox WHERE message_id = <bind>`.
+    const COUNT_INBOX_FOR: &'static str;
 }
+
+const COUNT_EFFECTS_FOR: &str = "SELECT COUNT(*) AS n FROM effects WHERE event_id = ?";
+const COUNT_INBOX_FOR: &str = "SELECT COUNT(*) AS n FROM outbox_inbox WHERE message_id = ?";
 
 #[cfg(feature = "postgres")]
 impl BackendSql for diesel::pg::Pg {
@@ -24,6 +31,9 @@ impl BackendSql for diesel::pg::Pg {
         amount BIGINT NOT NULL)";
     const AGE_INBOX: &'static str = "UPDATE outbox_inbox \
         SET processed_at = now() - interval '2 days' WHERE consumer = 'old'";
+    const COUNT_EFFECTS_FOR: &'static str = "SELECT COUNT(*) AS n FROM effects WHERE event_id = $1";
+    const COUNT_INBOX_FOR: &'static str =
+        "SELECT COUNT(*) AS n FROM outbox_inbox WHERE message_id = $1";
 }
 
 #[cfg(feature = "mysql")]
@@ -33,6 +43,8 @@ impl BackendSql for diesel::mysql::Mysql {
         order_id BIGINT NOT NULL, amount BIGINT NOT NULL)";
     const AGE_INBOX: &'static str = "UPDATE outbox_inbox \
         SET processed_at = UTC_TIMESTAMP(6) - INTERVAL 2 DAY WHERE consumer = 'old'";
+    const COUNT_EFFECTS_FOR: &'static str = COUNT_EFFECTS_FOR;
+    const COUNT_INBOX_FOR: &'static str = COUNT_INBOX_FOR;
 }
 
 #[cfg(feature = "sqlite")]
@@ -43,6 +55,8 @@ impl BackendSql for diesel::sqlite::Sqlite {
     const AGE_INBOX: &'static str = "UPDATE outbox_inbox \
         SET processed_at = strftime('%Y-%m-%d %H:%M:%f000', 'now', '-2 days') \
         WHERE consumer = 'old'";
+    const COUNT_EFFECTS_FOR: &'static str = COUNT_EFFECTS_FOR;
+    const COUNT_INBOX_FOR: &'static str = COUNT_INBOX_FOR;
 }
 
 diesel::table! {
@@ -133,6 +147,8 @@ pub trait AsyncConn:
         order_id: i64,
         amount: i64,
     ) -> impl Future<Output = diesel::QueryResult<()>> + Send;
+    /// (effects, inbox rows) recorded for the inbox key `key`.
+    fn count_key(&mut self, key: &str) -> impl Future<Output = (i64, i64)> + Send;
 }
 
 macro_rules! impl_async {
@@ -174,6 +190,18 @@ macro_rules! impl_async {
                 )
                 .await
                 .map(drop)
+            }
+            async fn count_key(&mut self, key: &str) -> (i64, i64) {
+                use diesel::sql_types::Text;
+                type B = <$conn as diesel_async::AsyncConnectionCore>::Backend;
+                let effects = diesel::sql_query(<B as BackendSql>::COUNT_EFFECTS_FOR)
+                    .bind::<Text, _>(key);
+                let inbox = diesel::sql_query(<B as BackendSql>::COUNT_INBOX_FOR)
+                    .bind::<Text, _>(key);
+                let effects = diesel_async::RunQueryDsl::get_result::<Count>(effects, &mut *self);
+                let effects = effects.await.unwrap().n;
+                let inbox = diesel_async::RunQueryDsl::get_result::<Count>(inbox, self);
+                (effects, inbox.await.unwrap().n)
             }
         }
     };

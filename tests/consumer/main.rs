@@ -2,6 +2,9 @@
 //! The consumer side against real PostgreSQL, MariaDB/MySQL and SQLite: the inbox and
 //! `#[idempotent]` on every sync and async connection type.
 //!
+//! With the `kafka` feature, `through_broker` runs the Kafka consumer runtime against a real
+//! broker (`scripts/kafka.sh start`) with these handlers, killed processes included.
+//!
 //! Every test creates its own database (see `support::TestDatabase`) and drops it at the end.
 //! Run with `cargo test --all-features --test consumer`.
 
@@ -11,6 +14,15 @@ mod support;
 mod conns;
 mod idempotent_suite;
 mod inbox_suite;
+#[cfg(feature = "kafka")]
+mod through_broker;
+
+diesel::table! {
+    orders (id) {
+        id -> BigInt,
+        total_cents -> BigInt,
+    }
+}
 
 #[cfg(feature = "postgres")]
 inbox_suite!(
@@ -84,6 +96,25 @@ async_idempotent_suite!(
 #[cfg(feature = "sqlite")]
 async_idempotent_suite!(
     idempotent_async_sqlite,
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    crate::support::TestDatabase::sqlite
+);
+
+#[cfg(all(feature = "kafka", feature = "postgres"))]
+through_broker_suite!(
+    broker_postgres,
+    diesel_async::AsyncPgConnection,
+    crate::support::TestDatabase::postgres
+);
+#[cfg(all(feature = "kafka", feature = "mysql"))]
+through_broker_suite!(
+    broker_mysql,
+    diesel_async::AsyncMysqlConnection,
+    crate::support::TestDatabase::mysql
+);
+#[cfg(all(feature = "kafka", feature = "sqlite"))]
+through_broker_suite!(
+    broker_sqlite,
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
     crate::support::TestDatabase::sqlite
 );
