@@ -40,6 +40,41 @@
 //! # }
 //! ```
 //!
+//! ## Consuming
+//!
+//! Delivery is at least once, so a consumer sees some events twice. An
+//! [`#[idempotent]`](idempotent) handler applies each exactly once in effect: its body runs in a
+//! transaction that first claims the event in the [`inbox`], and a redelivered event returns
+//! [`Outcome::Duplicate`] without running the body.
+//!
+//! ```
+//! use diesel::prelude::*;
+//! use outbox::prelude::*;
+//! # #[derive(Clone, serde::Serialize, serde::Deserialize, OutboxEvent)]
+//! # #[outbox(aggregate = "order", event_type = "OrderCreated")]
+//! # struct OrderCreated { #[outbox(aggregate_id)] order_id: i64, total_cents: i64 }
+//!
+//! #[idempotent(consumer = "billing")]
+//! fn charge(conn: &mut SqliteConnection, event: Envelope<OrderCreated>) -> QueryResult<()> {
+//!     diesel::sql_query(format!("INSERT INTO invoices VALUES ({})", event.order_id)).execute(conn)?;
+//!     Ok(())
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let mut conn = SqliteConnection::establish(":memory:")?;
+//! # outbox::migrations::run(&mut conn)?;
+//! # diesel::sql_query("CREATE TABLE invoices (order_id BIGINT)").execute(&mut conn)?;
+//! let event = Envelope::new(OrderCreated { order_id: 1, total_cents: 1250 });
+//! assert!(charge(&mut conn, event.clone())?.is_applied());
+//! assert!(charge(&mut conn, event)?.is_duplicate()); // delivered twice, applied once
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! With the `kafka` feature, `kafka::KafkaConsumer` reads topics, decodes each
+//! message into the [`Envelope`] of its event type and calls that type's handler, committing the
+//! offset only once the handler is done.
+//!
 //! ## Crate features
 //! - `sqlite` (default): SQLite through Diesel, with a bundled libsqlite3.
 //! - `postgres`: PostgreSQL (links libpq).
