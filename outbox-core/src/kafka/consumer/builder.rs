@@ -191,8 +191,10 @@ impl KafkaConsumerBuilder {
     /// function returns: `Ok(Outcome::Applied(_))` or `Ok(Outcome::Duplicate)` when the message
     /// is done (its offset is then stored for commit), `Err(e)` to have it retried with
     /// backoff and, after [`max_attempts`](Self::max_attempts), dead-lettered with `e` in the
-    /// [`DLT_HEADER_ERROR`](crate::kafka::DLT_HEADER_ERROR) header. Each attempt decodes the
-    /// message again, so `E` need not be `Clone`. An event type may have one handler.
+    /// [`DLT_HEADER_ERROR`](crate::kafka::DLT_HEADER_ERROR) header. A handler that panics fails
+    /// its attempt the same way (each attempt runs as its own task), so a bad message cannot
+    /// crash the consumer in a loop. Each attempt decodes the message again, so `E` need not be
+    /// `Clone`. An event type may have one handler.
     pub fn handler<E, F, Fut, T, Err>(mut self, handler: F) -> Self
     where
         E: OutboxEvent + DeserializeOwned + Send + 'static,

@@ -6,7 +6,7 @@ mod builder;
 mod dead_letter;
 mod dispatch;
 
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -263,15 +263,18 @@ impl KafkaConsumer {
                         .await;
                 }
             };
-            let mut run = pin!(run);
-            let outcome = tokio::select! {
+            // Its own task: a handler that panics fails this attempt instead of the consumer
+            // (which, restarted, would read the same message and panic again).
+            let mut run = tokio::spawn(run);
+            let joined = tokio::select! {
                 biased;
-                outcome = &mut run => outcome,
+                joined = &mut run => joined,
                 () = stop.wait() => {
                     // Let the transaction in flight finish, within the grace.
-                    match tokio::time::timeout(self.settings.shutdown_grace, run).await {
-                        Ok(outcome) => outcome,
+                    match tokio::time::timeout(self.settings.shutdown_grace, &mut run).await {
+                        Ok(joined) => joined,
                         Err(_) => {
+                            run.abort();
                             tracing::warn!(
                                 topic = message.topic(), partition = message.partition(),
                                 offset = message.offset(),
@@ -283,6 +286,7 @@ impl KafkaConsumer {
                     }
                 }
             };
+            let outcome = joined.unwrap_or_else(|e| Err(panic_message(e)));
             match outcome {
                 Ok(Handled::Applied) => {
                     ConsumerStats::add(&self.stats.applied);
@@ -438,6 +442,20 @@ impl KafkaConsumer {
         }
         tracing::info!(group = %group, "consumer stopped");
     }
+}
+
+/// A failed attempt's error for a handler task that panicked (or was cancelled).
+fn panic_message(e: tokio::task::JoinError) -> String {
+    if !e.is_panic() {
+        return "the handler was cancelled".to_owned();
+    }
+    let payload = e.into_panic();
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string payload".to_owned());
+    format!("the handler panicked: {text}")
 }
 
 impl std::fmt::Debug for KafkaConsumer {
