@@ -130,24 +130,44 @@ const SHARED_PREFIXES: [&str; 4] = ["bootstrap.servers", "security.", "ssl.", "s
 
 impl KafkaConsumerBuilder {
     /// The bootstrap brokers, comma separated `host:port` (librdkafka's `bootstrap.servers`).
+    ///
+    /// ```
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().brokers("k1:9092,k2:9092");
+    /// # drop(builder);
+    /// ```
     pub fn brokers(self, brokers: impl Into<String>) -> Self {
         self.set("bootstrap.servers", brokers)
     }
 
     /// The consumer group (`group.id`): the offsets it commits are this group's, and the
     /// group's members share the topics' partitions. Required.
+    ///
+    /// ```
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().group("billing");
+    /// # drop(builder);
+    /// ```
     pub fn group(mut self, group: impl Into<String>) -> Self {
         self.group = Some(group.into());
         self
     }
 
     /// Subscribes to `topic` (as a member of the group). Call once per topic.
+    ///
+    /// ```
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().topic("order").topic("payment");
+    /// # drop(builder);
+    /// ```
     pub fn topic(mut self, topic: impl Into<String>) -> Self {
         self.topics.push(topic.into());
         self
     }
 
     /// Subscribes to every topic of `topics`.
+    ///
+    /// ```
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().topics(["order", "payment"]);
+    /// # drop(builder);
+    /// ```
     pub fn topics<I: IntoIterator<Item = S>, S: Into<String>>(mut self, topics: I) -> Self {
         self.topics.extend(topics.into_iter().map(Into::into));
         self
@@ -158,6 +178,12 @@ impl KafkaConsumerBuilder {
     /// none), committing to the group as usual. For a fixed set of consumers that split the
     /// partitions themselves, and for brokers whose group coordination is slow. Not combined
     /// with [`topic`](Self::topic).
+    ///
+    /// ```
+    /// // This instance reads partitions 0 and 1 of `order`; another one reads the rest.
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().assign("order", [0, 1]);
+    /// # drop(builder);
+    /// ```
     pub fn assign(
         mut self,
         topic: impl Into<String>,
@@ -173,6 +199,13 @@ impl KafkaConsumerBuilder {
     /// `session.timeout.ms`, `auto.offset.reset`, `security.protocol`. A later call for the same
     /// property wins. `enable.auto.offset.store` is refused: the consumer stores each offset
     /// itself, once the message is done.
+    ///
+    /// ```
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder()
+    ///     .set("session.timeout.ms", "10000")
+    ///     .set("auto.commit.interval.ms", "1000");
+    /// # drop(builder);
+    /// ```
     pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.settings.push((key.into(), value.into()));
         self
@@ -180,6 +213,11 @@ impl KafkaConsumerBuilder {
 
     /// Sets a librdkafka producer property of the dead-letter producer (it already shares the
     /// consumer's `bootstrap.servers`, `security.*`, `ssl.*` and `sasl.*`).
+    ///
+    /// ```
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().dead_letter_set("linger.ms", "5");
+    /// # drop(builder);
+    /// ```
     pub fn dead_letter_set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.dead_letter_settings.push((key.into(), value.into()));
         self
@@ -195,6 +233,26 @@ impl KafkaConsumerBuilder {
     /// its attempt the same way (each attempt runs as its own task), so a bad message cannot
     /// crash the consumer in a loop. Each attempt decodes the message again, so `E` need not be
     /// `Clone`. An event type may have one handler.
+    ///
+    /// ```
+    /// # use outbox_core as outbox;
+    /// use outbox_core::{Envelope, Outcome, OutboxEvent};
+    /// #[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
+    /// #[outbox(crate = outbox_core, aggregate = "order")]
+    /// enum OrderEvent {
+    ///     Created(#[outbox(aggregate_id)] u64),
+    ///     Cancelled(#[outbox(aggregate_id)] u64),
+    /// }
+    ///
+    /// // One handler for both event types of the enum.
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().handler(|event: Envelope<OrderEvent>| async move {
+    ///     match event.payload {
+    ///         OrderEvent::Created(id) | OrderEvent::Cancelled(id) => println!("order {id}"),
+    ///     }
+    ///     Ok::<_, String>(Outcome::Applied(()))
+    /// });
+    /// # drop(builder);
+    /// ```
     pub fn handler<E, F, Fut, T, Err>(mut self, handler: F) -> Self
     where
         E: OutboxEvent + DeserializeOwned + Send + 'static,
@@ -214,6 +272,11 @@ impl KafkaConsumerBuilder {
 
     /// How many times a handler runs on one message before it is dead-lettered (default 5;
     /// at least 1).
+    ///
+    /// ```
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().max_attempts(10);
+    /// # drop(builder);
+    /// ```
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
         self
@@ -222,6 +285,18 @@ impl KafkaConsumerBuilder {
     /// The wait between attempts (default [`DEFAULT_RETRY_BACKOFF`]). The consumer does not
     /// read meanwhile, so the whole retry budget must stay below `max.poll.interval.ms`
     /// (default 5 minutes), which [`build`](Self::build) checks.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox_core::relay::Backoff;
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().retry_backoff(Backoff {
+    ///     initial: Duration::from_millis(500),
+    ///     max: Duration::from_secs(10),
+    ///     multiplier: 2.0,
+    ///     jitter: 0.2,
+    /// });
+    /// # drop(builder);
+    /// ```
     pub fn retry_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
@@ -229,6 +304,11 @@ impl KafkaConsumerBuilder {
 
     /// Dead letters go to this topic, whatever their source topic. By default they go to the
     /// source topic plus `.dlt` (`order` to `order.dlt`).
+    ///
+    /// ```
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().dead_letter_topic("billing.dlt");
+    /// # drop(builder);
+    /// ```
     pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
         self.dead_letter_topic = DeadLetterTopic::Fixed(topic.into());
         self
@@ -236,6 +316,12 @@ impl KafkaConsumerBuilder {
 
     /// What to do with a message that cannot be handled at all (default:
     /// [`UndecodablePolicy::DeadLetter`]).
+    ///
+    /// ```
+    /// use outbox_core::kafka::UndecodablePolicy;
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().on_undecodable(UndecodablePolicy::Skip);
+    /// # drop(builder);
+    /// ```
     pub fn on_undecodable(mut self, policy: UndecodablePolicy) -> Self {
         self.undecodable = policy;
         self
@@ -243,6 +329,12 @@ impl KafkaConsumerBuilder {
 
     /// On shutdown, how long the message in flight may take to finish (default 30 s). After
     /// that its handler is dropped unfinished and the message is read again on restart.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().shutdown_grace(Duration::from_secs(5));
+    /// # drop(builder);
+    /// ```
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
         self

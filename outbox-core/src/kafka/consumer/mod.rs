@@ -60,6 +60,11 @@ impl ConsumerStats {
     }
 
     /// The value of a counter, e.g. `stats.get(&stats.applied)`.
+    ///
+    /// ```
+    /// let stats = outbox_core::kafka::ConsumerStats::default();
+    /// assert_eq!(stats.get(&stats.applied), 0);
+    /// ```
     pub fn get(&self, counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }
