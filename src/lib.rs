@@ -49,6 +49,8 @@
 //!   closure.
 //! - `r2d2`: Diesel's r2d2 pool; pooled connections work unchanged.
 //! - `relay`: the relay engine and its stores (implies `async`).
+//! - `kafka`: the Kafka publisher (librdkafka, built from bundled sources).
+//! - `cli`: the `outbox` binary: `outbox migrate`, `outbox relay`, `outbox status`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use outbox_core::{
@@ -80,6 +82,11 @@ pub mod relay {
 }
 
 pub use outbox_diesel::notify;
+
+/// Publishing to Kafka (feature `kafka`): [`KafkaPublisher`](kafka::KafkaPublisher).
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use outbox_core::kafka;
 
 /// The outbox's schema migrations: [`migrations::run`] (sync) and `migrations::run_async`.
 pub mod migrations {
