@@ -54,8 +54,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use outbox_core::{
-    AggregateKey, BoxError, Error, EventType, Headers, NewMessage, OutboxEvent, SHARD_COUNT,
-    shard_of,
+    AggregateKey, BoxError, DecodeError, Envelope, Error, EventType, HEADER_AGGREGATE_TYPE,
+    HEADER_CREATED_AT, HEADER_EVENT_TYPE, HEADER_EVENT_VERSION, HEADER_ID, Headers, NewMessage,
+    OutboxEvent, Outcome, RESERVED_HEADERS, SHARD_COUNT, shard_of,
 };
 
 pub use outbox_diesel::{
@@ -88,6 +89,133 @@ pub use outbox_diesel::notify;
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use outbox_core::kafka;
 
+pub use outbox_diesel::inbox;
+
+/// Makes a message handler idempotent (exactly once in effect): its body runs in a database
+/// transaction that first claims the message in the [`inbox`], and a message it already applied
+/// is recognised and not applied again.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use outbox::prelude::*;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Clone, Serialize, Deserialize, OutboxEvent)]
+/// #[outbox(aggregate = "order", event_type = "OrderCreated")]
+/// struct OrderCreated {
+///     #[outbox(aggregate_id)]
+///     order_id: i64,
+///     total_cents: i64,
+/// }
+///
+/// #[idempotent(consumer = "billing")]
+/// fn charge(conn: &mut SqliteConnection, event: Envelope<OrderCreated>) -> QueryResult<i64> {
+///     diesel::sql_query("INSERT INTO invoices (order_id, cents) VALUES (?, ?)")
+///         .bind::<diesel::sql_types::BigInt, _>(event.order_id)
+///         .bind::<diesel::sql_types::BigInt, _>(event.total_cents)
+///         .execute(conn)?;
+///     Ok(event.total_cents)
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// outbox::migrations::run(&mut conn)?;
+/// diesel::sql_query("CREATE TABLE invoices (order_id BIGINT, cents BIGINT)").execute(&mut conn)?;
+///
+/// let event = Envelope::new(OrderCreated { order_id: 7, total_cents: 1250 });
+/// let redelivered = event.clone();
+/// assert_eq!(charge(&mut conn, event)?, Outcome::Applied(1250));
+/// assert_eq!(charge(&mut conn, redelivered)?, Outcome::Duplicate); // the body did not run
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # What it generates
+///
+/// The function keeps its name, parameters, visibility and attributes; its return type
+/// `Result<T, E>` becomes `Result<Outcome<T>, E>` (an alias such as `QueryResult<T>` becomes
+/// `QueryResult<Outcome<T>>`). Its body runs like this:
+///
+/// 1. Begin a transaction on the connection (a savepoint if one is already open).
+/// 2. Claim `(consumer, key)` in the inbox ([`inbox::claim`]): `INSERT … ON CONFLICT DO
+///    NOTHING` on PostgreSQL, `INSERT IGNORE` on MySQL/MariaDB, `INSERT OR IGNORE` on SQLite.
+/// 3. If the inbox already held it, end the transaction and return `Ok(Outcome::Duplicate)`
+///    **without running the body**.
+/// 4. Otherwise run the body. `Ok(v)` commits the effect together with the inbox row and
+///    returns `Ok(Outcome::Applied(v))`; `Err(e)` rolls both back and returns `Err(e)`, so that
+///    a retry applies the message later.
+///
+/// Two consumers racing on one message are serialised by the inbox's primary key: the second
+/// waits for the first transaction and then returns `Duplicate` (or applies the message, if the
+/// first rolled back). Neither sees an error.
+///
+/// # The function
+///
+/// - A plain `fn` takes a synchronous connection: `&mut PgConnection`, `&mut MysqlConnection`,
+///   `&mut SqliteConnection`, or a pooled one. An `async fn` takes a diesel-async connection:
+///   `&mut AsyncPgConnection`, `&mut AsyncMysqlConnection`,
+///   `&mut SyncConnectionWrapper<SqliteConnection>`, or a pooled one. The connection is the
+///   one parameter whose type is a `&mut` reference; the body uses it under its own name.
+/// - The message is the one parameter of type `Envelope<E>`, taken by value.
+/// - Other parameters (`&self`, a `&Config`, ...) are passed through.
+/// - It returns a `Result` whose error type implements `From<diesel::result::Error>`: the
+///   transaction and the claim can fail on their own.
+///
+/// Inside an async function, as with diesel-async's transactions, dropping the future before
+/// it completes leaves the transaction open: the connection must then be dropped (pools do so
+/// for connections left in a transaction).
+///
+/// # Options
+///
+/// - `consumer = "billing"` (**required**): the name the inbox records this handler's messages
+///   under; 1 to 255 characters. It is not defaulted to the function's path on purpose: the
+///   inbox must recognise messages applied before a deploy, so the name has to survive renaming
+///   or moving the function; a default that changed silently with the code would re-apply every
+///   message still in the broker's retention. Two handlers with the same name share one inbox,
+///   so each message is applied by only one of them.
+/// - `key = |e| ...` or `key = path::to_fn` (optional): the deduplication key, computed from
+///   `&Envelope<E>` as anything that implements `Display`; at most 255 characters. Defaults to
+///   the event id ([`Envelope::inbox_key`]), which is the same for every redelivery of a
+///   message. Choose another key when the same fact can arrive as different events, e.g.
+///   `key = |e| e.order_id` to charge each order once.
+/// - `crate = outbox_diesel` (optional): the path the generated code reaches the runtime
+///   through; defaults to `::outbox`.
+///
+/// Misuse is a compile error at the offending token: no connection or no envelope parameter,
+/// two of either, a return type that is not a `Result`, an unknown or repeated option, a
+/// missing, empty or non-string `consumer`, a `key` that is not a one-argument closure or a
+/// function, a connection of the wrong kind for a sync or async function.
+///
+/// ```
+/// use outbox::prelude::*;
+/// # #[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
+/// # #[outbox(aggregate = "order")]
+/// # struct OrderCreated { #[outbox(aggregate_id)] order_id: i64 }
+///
+/// /// Charges each order once, whichever event announced it.
+/// #[idempotent(consumer = "billing", key = |e| e.order_id)]
+/// fn charge(
+///     conn: &mut diesel::SqliteConnection,
+///     event: Envelope<OrderCreated>,
+/// ) -> Result<(), outbox::Error> {
+///     # let _ = (conn, event);
+///     Ok(())
+/// }
+/// # let _ = charge;
+/// ```
+///
+/// ```compile_fail
+/// use outbox::prelude::*;
+/// # #[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
+/// # #[outbox(aggregate = "order")]
+/// # struct OrderCreated { #[outbox(aggregate_id)] order_id: i64 }
+/// #[idempotent] // error: missing `consumer = "..."`
+/// fn charge(conn: &mut diesel::SqliteConnection, event: Envelope<OrderCreated>) -> diesel::QueryResult<()> {
+///     Ok(())
+/// }
+/// ```
+pub use outbox_core::idempotent;
+
 /// The outbox's schema migrations: [`migrations::run`] (sync) and `migrations::run_async`.
 pub mod migrations {
     pub use outbox_diesel::migrations::*;
@@ -95,11 +223,15 @@ pub mod migrations {
 
 /// The traits and derive most code needs: `use outbox::prelude::*;`.
 pub mod prelude {
-    pub use outbox_core::OutboxEvent;
+    pub use outbox_core::{Envelope, OutboxEvent, Outcome, idempotent};
     #[cfg(feature = "async")]
     pub use outbox_diesel::AsyncOutboxConnection;
     pub use outbox_diesel::OutboxConnection;
 }
 
+/// Items the generated code uses. Not public API: it may change in any release.
 #[doc(hidden)]
-pub use outbox_core::__private;
+pub mod __private {
+    pub use outbox_core::__private::*;
+    pub use outbox_diesel::__private::*;
+}

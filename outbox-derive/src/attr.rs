@@ -122,7 +122,7 @@ impl Position {
 
 /// Whether an unknown key is probably a slip for `known`: a typo (one edit away, two for longer
 /// keys), or the known key with a word added or dropped (`aggregate_type`, `type`, `id`).
-fn looks_like(unknown: &str, known: &str) -> bool {
+pub(crate) fn looks_like(unknown: &str, known: &str) -> bool {
     let words = |s: &str| s.split('_').map(str::to_owned).collect::<Vec<_>>();
     let (u, k) = (words(unknown), words(known));
     let slack = if known.len() >= 6 { 2 } else { 1 };

@@ -12,6 +12,7 @@ mod attr;
 mod ctxt;
 mod expand;
 mod fallback;
+mod idempotent;
 mod valid;
 mod value;
 
@@ -204,4 +205,14 @@ use proc_macro::TokenStream;
 #[proc_macro_derive(OutboxEvent, attributes(outbox))]
 pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
     expand::derive(input.into()).into()
+}
+
+/// Makes a message handler idempotent: its body runs in a database transaction that first
+/// claims the message in the inbox, and a message it already applied is recognised and not
+/// applied again.
+///
+/// See the `outbox` crate for the documentation and examples.
+#[proc_macro_attribute]
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    idempotent::expand(args.into(), item.into()).into()
 }

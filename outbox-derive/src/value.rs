@@ -29,9 +29,20 @@ pub(crate) fn take_rest(meta: &ParseNestedMeta) -> syn::Result<TokenStream> {
 
 /// `= <expr>` after a key; reports a key written without a value.
 fn expr_value(cx: &Ctxt, meta: &ParseNestedMeta, key: Key) -> syn::Result<Option<Expr>> {
+    named_expr_value(cx, meta, key.name(), key.example())
+}
+
+/// `= <expr>` after the key `name`; reports a key written without a value, with `example` of
+/// one written right.
+pub(crate) fn named_expr_value(
+    cx: &Ctxt,
+    meta: &ParseNestedMeta,
+    name: &str,
+    example: &str,
+) -> syn::Result<Option<Expr>> {
     if !meta.input.peek(Token![=]) {
         let (path, rest) = (&meta.path, take_rest(meta)?);
-        let msg = format!("`{}` needs a value, e.g. `{}`", key.name(), key.example());
+        let msg = format!("`{name}` needs a value, e.g. `{example}`");
         cx.error_spanned_by(quote!(#path #rest), msg);
         return Ok(None);
     }
@@ -45,7 +56,7 @@ fn expr_value(cx: &Ctxt, meta: &ParseNestedMeta, key: Key) -> syn::Result<Option
 }
 
 /// What `expr` is, for messages.
-fn found(expr: &Expr) -> &'static str {
+pub(crate) fn found(expr: &Expr) -> &'static str {
     match expr {
         Expr::Lit(ExprLit { lit, .. }) => match lit {
             Lit::Str(_) => "a string",

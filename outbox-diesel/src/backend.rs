@@ -3,7 +3,9 @@
 
 use diesel::backend::Backend;
 use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{Integer, Nullable, SmallInt, Text};
+use std::time::Duration;
+
+use diesel::sql_types::{BigInt, Integer, Nullable, SmallInt, Text};
 use outbox_core::NewMessage;
 
 use crate::migrations::Migration;
@@ -58,6 +60,30 @@ pub trait OutboxBackend: Backend + private::Sealed {
         conn: &mut C,
     ) -> diesel::QueryResult<Vec<&'static str>>;
 
+    /// Inserts `(consumer, key)` into the inbox unless it is there: one row changed if it was
+    /// new, none if it was a duplicate.
+    #[doc(hidden)]
+    fn inbox_claim<'a>(consumer: &'a str, key: &'a str) -> BoxedSqlQuery<'a, Self, SqlQuery>;
+
+    /// Deletes at most `limit` inbox rows processed more than `older_than` ago, oldest first.
+    #[doc(hidden)]
+    fn inbox_cleanup(older_than: Duration, limit: usize) -> BoxedSqlQuery<'static, Self, SqlQuery>;
+
+    /// Runs one statement built by this trait; returns the rows it changed.
+    #[doc(hidden)]
+    fn execute<C: diesel::Connection<Backend = Self>>(
+        conn: &mut C,
+        query: BoxedSqlQuery<'_, Self, SqlQuery>,
+    ) -> diesel::QueryResult<usize>;
+
+    /// The async twin of [`OutboxBackend::execute`].
+    #[cfg(feature = "async")]
+    #[doc(hidden)]
+    fn execute_async<C: diesel_async::AsyncConnection<Backend = Self>>(
+        conn: &mut C,
+        query: BoxedSqlQuery<'_, Self, SqlQuery>,
+    ) -> impl Future<Output = diesel::QueryResult<usize>> + Send;
+
     /// The async twin of [`OutboxBackend::write`].
     #[cfg(feature = "async")]
     #[doc(hidden)]
@@ -90,6 +116,21 @@ macro_rules! backend_ops {
                 diesel::sql_query(sql).execute(conn)?;
             }
             Ok(())
+        }
+
+        fn execute<C: diesel::Connection<Backend = Self>>(
+            conn: &mut C,
+            query: BoxedSqlQuery<'_, Self, SqlQuery>,
+        ) -> diesel::QueryResult<usize> {
+            diesel::RunQueryDsl::execute(query, conn)
+        }
+
+        #[cfg(feature = "async")]
+        async fn execute_async<C: diesel_async::AsyncConnection<Backend = Self>>(
+            conn: &mut C,
+            query: BoxedSqlQuery<'_, Self, SqlQuery>,
+        ) -> diesel::QueryResult<usize> {
+            diesel_async::RunQueryDsl::execute(query, conn).await
         }
 
         fn migrate<C: diesel::connection::LoadConnection<Backend = Self>>(
@@ -182,6 +223,30 @@ impl OutboxBackend for diesel::pg::Pg {
     backend_ops!();
     const MIGRATIONS: &'static [Migration] = crate::migrations::POSTGRES;
 
+    fn inbox_claim<'a>(consumer: &'a str, key: &'a str) -> BoxedSqlQuery<'a, Self, SqlQuery> {
+        diesel::sql_query(
+            "INSERT INTO outbox_inbox (consumer, message_id) VALUES ($1, $2) \
+             ON CONFLICT DO NOTHING",
+        )
+        .into_boxed()
+        .bind::<Text, _>(consumer)
+        .bind::<Text, _>(key)
+    }
+
+    fn inbox_cleanup(older_than: Duration, limit: usize) -> BoxedSqlQuery<'static, Self, SqlQuery> {
+        // The key columns, not `ctid`: a row updated meanwhile would move.
+        diesel::sql_query(
+            "DELETE FROM outbox_inbox i USING ( \
+                 SELECT consumer, message_id FROM outbox_inbox \
+                 WHERE processed_at < now() - make_interval(secs => $1) \
+                 ORDER BY processed_at LIMIT $2) old \
+             WHERE i.consumer = old.consumer AND i.message_id = old.message_id",
+        )
+        .into_boxed()
+        .bind::<diesel::sql_types::Double, _>(clamp(older_than).as_secs_f64())
+        .bind::<BigInt, _>(limit_of(limit))
+    }
+
     fn insert_messages(messages: &[NewMessage]) -> BoxedSqlQuery<'_, Self, SqlQuery> {
         use std::fmt::Write;
         build_insert(
@@ -223,6 +288,29 @@ impl OutboxBackend for diesel::mysql::Mysql {
     backend_ops!();
     const MIGRATIONS: &'static [Migration] = crate::migrations::MYSQL;
 
+    fn inbox_claim<'a>(consumer: &'a str, key: &'a str) -> BoxedSqlQuery<'a, Self, SqlQuery> {
+        // `processed_at` is given, not defaulted: `CURRENT_TIMESTAMP` follows the session's
+        // time zone, the outbox stores UTC.
+        diesel::sql_query(
+            "INSERT IGNORE INTO outbox_inbox (consumer, message_id, processed_at) \
+             VALUES (?, ?, UTC_TIMESTAMP(6))",
+        )
+        .into_boxed()
+        .bind::<Text, _>(consumer)
+        .bind::<Text, _>(key)
+    }
+
+    fn inbox_cleanup(older_than: Duration, limit: usize) -> BoxedSqlQuery<'static, Self, SqlQuery> {
+        diesel::sql_query(
+            "DELETE FROM outbox_inbox \
+             WHERE processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+             ORDER BY processed_at LIMIT ?",
+        )
+        .into_boxed()
+        .bind::<BigInt, _>(i64::try_from(clamp(older_than).as_micros()).unwrap_or(i64::MAX))
+        .bind::<BigInt, _>(limit_of(limit))
+    }
+
     fn insert_messages(messages: &[NewMessage]) -> BoxedSqlQuery<'_, Self, SqlQuery> {
         build_insert(
             messages,
@@ -248,6 +336,29 @@ impl OutboxBackend for diesel::sqlite::Sqlite {
     backend_ops!();
     const MIGRATIONS: &'static [Migration] = crate::migrations::SQLITE;
 
+    fn inbox_claim<'a>(consumer: &'a str, key: &'a str) -> BoxedSqlQuery<'a, Self, SqlQuery> {
+        diesel::sql_query("INSERT OR IGNORE INTO outbox_inbox (consumer, message_id) VALUES (?, ?)")
+            .into_boxed()
+            .bind::<Text, _>(consumer)
+            .bind::<Text, _>(key)
+    }
+
+    fn inbox_cleanup(older_than: Duration, limit: usize) -> BoxedSqlQuery<'static, Self, SqlQuery> {
+        let now = outbox_core::now_micros();
+        let cutoff = chrono::Duration::from_std(clamp(older_than))
+            .ok()
+            .and_then(|d| now.checked_sub_signed(d))
+            .unwrap_or(now);
+        diesel::sql_query(
+            "DELETE FROM outbox_inbox WHERE rowid IN ( \
+                 SELECT rowid FROM outbox_inbox WHERE processed_at < ? \
+                 ORDER BY processed_at LIMIT ?)",
+        )
+        .into_boxed()
+        .bind::<Text, _>(sqlite_timestamp(cutoff))
+        .bind::<BigInt, _>(limit_of(limit))
+    }
+
     fn insert_messages(messages: &[NewMessage]) -> BoxedSqlQuery<'_, Self, SqlQuery> {
         build_insert(
             messages,
@@ -269,4 +380,17 @@ impl OutboxBackend for diesel::sqlite::Sqlite {
 #[cfg(feature = "sqlite")]
 pub(crate) fn sqlite_timestamp(at: chrono::DateTime<chrono::Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%S%.6f").to_string()
+}
+
+/// The longest retention window the inbox cleanup computes with: a century, so that
+/// `now - window` stays within every backend's date range (MySQL's `DATETIME` starts with the
+/// year 1000).
+const MAX_WINDOW: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+fn clamp(window: Duration) -> Duration {
+    window.min(MAX_WINDOW)
+}
+
+fn limit_of(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
 }

@@ -1,5 +1,6 @@
 //! Diesel storage of [`outbox`](https://docs.rs/outbox): `transaction_with_outbox` on sync and
-//! async connections, the free `publish` functions, and the embedded migrations.
+//! async connections, the free `publish` functions, the consumers' [`inbox`], and the embedded
+//! migrations.
 //!
 //! Depend on the `outbox` crate, which re-exports this one behind its backend features.
 //!
@@ -12,6 +13,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+mod idempotent;
+pub mod inbox;
 pub mod migrations;
 pub mod notify;
 mod sync;
@@ -35,3 +38,14 @@ pub use async_::{AsyncOutboxConnection, OutboxFunc, publish_async, publish_with_
 pub const OUTBOX_TABLE: &str = backend::OUTBOX_TABLE;
 /// The name of the inbox table.
 pub const INBOX_TABLE: &str = "outbox_inbox";
+
+/// Items the code `#[idempotent]` generates uses. Not public API: it may change in any release.
+#[doc(hidden)]
+pub mod __private {
+    #[cfg(feature = "async")]
+    pub use crate::idempotent::{AsyncBegun, AsyncIdempotentConnection, begin_async, finish_async};
+    pub use crate::idempotent::{
+        Begun, IdempotentConnection, IdempotentError, begin, default_key, finish, key_of,
+    };
+    pub use outbox_core::{Envelope, Outcome};
+}

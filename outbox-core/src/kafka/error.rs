@@ -2,8 +2,9 @@
 
 use std::fmt;
 
-/// Why a [`KafkaPublisher`](super::KafkaPublisher) could not be built. Every variant names the
-/// setting at fault, or quotes librdkafka's message, which does.
+/// Why a [`KafkaPublisher`](super::KafkaPublisher) or a [`KafkaConsumer`](super::KafkaConsumer)
+/// could not be built. Every variant names the setting at fault, or quotes librdkafka's message,
+/// which does.
 ///
 /// ```
 /// use outbox_core::kafka::{KafkaConfigError, KafkaPublisher};
@@ -47,6 +48,13 @@ pub enum KafkaConfigError {
         /// librdkafka's message.
         reason: String,
     },
+    /// A builder option is missing or invalid, e.g. a consumer without a group or a handler.
+    InvalidOption {
+        /// The builder method, e.g. `"group"`.
+        option: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl fmt::Display for KafkaConfigError {
@@ -66,7 +74,10 @@ impl fmt::Display for KafkaConfigError {
                 )
             }
             KafkaConfigError::Rejected { reason } => {
-                write!(f, "invalid Kafka producer configuration: {reason}")
+                write!(f, "invalid Kafka client configuration: {reason}")
+            }
+            KafkaConfigError::InvalidOption { option, reason } => {
+                write!(f, "invalid `{option}`: {reason}")
             }
         }
     }

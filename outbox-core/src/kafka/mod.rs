@@ -1,4 +1,6 @@
-//! Publishing outbox messages to Kafka, with librdkafka (through `rdkafka`).
+//! Publishing outbox messages to Kafka, and consuming them, with librdkafka (through
+//! `rdkafka`): [`KafkaPublisher`] for the relay, [`KafkaConsumer`] for the consumers (see its
+//! documentation; the rest of this page is about publishing).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -110,11 +112,17 @@
 
 mod batch;
 mod builder;
+mod consumer;
 mod error;
 mod publisher;
 mod record;
 
 pub use builder::{DEFAULT_MESSAGE_TIMEOUT, KafkaPublisherBuilder};
+pub use consumer::{
+    ConsumerStats, DEFAULT_RETRY_BACKOFF, DLT_HEADER_ATTEMPTS, DLT_HEADER_ERROR,
+    DLT_HEADER_ERROR_KIND, DLT_HEADER_GROUP, DLT_HEADER_OFFSET, DLT_HEADER_PARTITION,
+    DLT_HEADER_TOPIC, KafkaConsumer, KafkaConsumerBuilder, UndecodablePolicy,
+};
 pub use error::KafkaConfigError;
 pub use publisher::KafkaPublisher;
 pub use record::{

@@ -11,7 +11,10 @@ use super::{
     Claim, ClaimOrder, Completion, Delivery, Failure, OutboxMessage, Publisher, RelayStore,
     ShardAssignment, StoreError,
 };
-use crate::{Headers, NewMessage, SHARD_COUNT};
+use crate::{
+    HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_TYPE, HEADER_EVENT_VERSION, HEADER_ID,
+    Headers, NewMessage, SHARD_COUNT,
+};
 
 /// A message as the in-memory broker stored it.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,12 +48,12 @@ impl Record {
 /// headers (e.g. `traceparent`).
 pub fn message_headers(m: &OutboxMessage) -> Vec<(String, String)> {
     let mut h = vec![
-        ("id".to_owned(), m.id.hyphenated().to_string()),
-        ("event_type".to_owned(), m.event_type.clone()),
-        ("event_version".to_owned(), m.event_version.to_string()),
-        ("aggregate_type".to_owned(), m.aggregate_type.clone()),
+        (HEADER_ID.to_owned(), m.id.hyphenated().to_string()),
+        (HEADER_EVENT_TYPE.to_owned(), m.event_type.clone()),
+        (HEADER_EVENT_VERSION.to_owned(), m.event_version.to_string()),
+        (HEADER_AGGREGATE_TYPE.to_owned(), m.aggregate_type.clone()),
         (
-            "created_at".to_owned(),
+            HEADER_CREATED_AT.to_owned(),
             m.created_at
                 .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         ),

@@ -16,6 +16,8 @@ mod publisher;
 mod store;
 
 pub use config::{Backoff, DeadLetterPolicy, Mode, RelayConfig, Retention, default_relay_id};
+#[cfg(feature = "kafka")]
+pub(crate) use engine::SplitMix;
 pub use engine::{Relay, RelayStats};
 pub use memory::{MemoryBroker, MemoryStore, Record, message_headers, test_message};
 pub use publisher::{Delivery, OutboxMessage, Publisher};

@@ -1,0 +1,234 @@
+//! The dead-letter topic: where a message goes that failed every attempt, or (by policy) that
+//! cannot be decoded. It keeps the original key, payload and headers, and adds headers that
+//! say why and where it came from.
+
+use std::time::Duration;
+
+use rdkafka::Message;
+use rdkafka::message::{Header, Headers as _, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+/// Dead-letter header: the error, e.g. the handler's last error or why decoding failed.
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::DLT_HEADER_ERROR, "outbox.error");
+/// ```
+pub const DLT_HEADER_ERROR: &str = "outbox.error";
+/// Dead-letter header: `handler` (the handler failed every attempt) or `undecodable`.
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::DLT_HEADER_ERROR_KIND, "outbox.error.kind");
+/// ```
+pub const DLT_HEADER_ERROR_KIND: &str = "outbox.error.kind";
+/// Dead-letter header: how many times the handler ran (0 for an undecodable message).
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::DLT_HEADER_ATTEMPTS, "outbox.attempts");
+/// ```
+pub const DLT_HEADER_ATTEMPTS: &str = "outbox.attempts";
+/// Dead-letter header: the topic the message was consumed from.
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::DLT_HEADER_TOPIC, "outbox.original.topic");
+/// ```
+pub const DLT_HEADER_TOPIC: &str = "outbox.original.topic";
+/// Dead-letter header: the partition the message was consumed from.
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::DLT_HEADER_PARTITION, "outbox.original.partition");
+/// ```
+pub const DLT_HEADER_PARTITION: &str = "outbox.original.partition";
+/// Dead-letter header: the offset the message had there.
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::DLT_HEADER_OFFSET, "outbox.original.offset");
+/// ```
+pub const DLT_HEADER_OFFSET: &str = "outbox.original.offset";
+/// Dead-letter header: the consumer group that gave up on the message.
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::DLT_HEADER_GROUP, "outbox.consumer.group");
+/// ```
+pub const DLT_HEADER_GROUP: &str = "outbox.consumer.group";
+
+/// Header values are bounded: an error message can be long (a serde error quotes input).
+const MAX_ERROR_BYTES: usize = 16 * 1024;
+
+/// Which topic dead letters go to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum DeadLetterTopic {
+    /// The source topic plus this suffix.
+    Suffix(String),
+    /// This topic, whatever the source.
+    Fixed(String),
+}
+
+impl DeadLetterTopic {
+    pub(crate) fn for_topic(&self, source: &str) -> String {
+        match self {
+            DeadLetterTopic::Suffix(suffix) => format!("{source}{suffix}"),
+            DeadLetterTopic::Fixed(topic) => topic.clone(),
+        }
+    }
+}
+
+/// Why a message is dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Handler,
+    Undecodable,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Handler => "handler",
+            Kind::Undecodable => "undecodable",
+        }
+    }
+}
+
+/// Produces dead letters.
+pub(crate) struct DeadLetters {
+    pub(crate) producer: FutureProducer,
+    pub(crate) topic: DeadLetterTopic,
+    pub(crate) group: String,
+    pub(crate) timeout: Duration,
+}
+
+impl DeadLetters {
+    /// Sends `message` to its dead-letter topic; `Ok` once the broker acknowledged it.
+    pub(crate) async fn send(
+        &self,
+        message: &OwnedMessage,
+        kind: Kind,
+        error: &str,
+        attempts: u32,
+    ) -> Result<String, String> {
+        let topic = self.topic.for_topic(message.topic());
+        let headers = dead_letter_headers(message, kind, error, attempts, &self.group);
+        let mut record = FutureRecord::<[u8], [u8]>::to(&topic).headers(headers);
+        if let Some(key) = message.key() {
+            record = record.key(key);
+        }
+        if let Some(payload) = message.payload() {
+            record = record.payload(payload);
+        }
+        match self.producer.send(record, self.timeout).await {
+            Ok(_) => Ok(topic),
+            Err((e, _)) => Err(format!(
+                "could not write the dead letter to topic `{topic}`: {e}"
+            )),
+        }
+    }
+}
+
+/// The original headers, then the dead-letter headers.
+pub(crate) fn dead_letter_headers(
+    message: &OwnedMessage,
+    kind: Kind,
+    error: &str,
+    attempts: u32,
+    group: &str,
+) -> OwnedHeaders {
+    let mut headers = OwnedHeaders::new();
+    if let Some(original) = message.headers() {
+        for h in original.iter() {
+            headers = headers.insert(Header {
+                key: h.key,
+                value: h.value,
+            });
+        }
+    }
+    let error = truncate(error, MAX_ERROR_BYTES);
+    let partition = message.partition().to_string();
+    let offset = message.offset().to_string();
+    let attempts = attempts.to_string();
+    let ours = [
+        (DLT_HEADER_ERROR, error),
+        (DLT_HEADER_ERROR_KIND, kind.as_str()),
+        (DLT_HEADER_ATTEMPTS, attempts.as_str()),
+        (DLT_HEADER_TOPIC, message.topic()),
+        (DLT_HEADER_PARTITION, partition.as_str()),
+        (DLT_HEADER_OFFSET, offset.as_str()),
+        (DLT_HEADER_GROUP, group),
+    ];
+    for (key, value) in ours {
+        headers = headers.insert(Header {
+            key,
+            value: Some(value),
+        });
+    }
+    headers
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::Timestamp;
+
+    #[test]
+    fn dead_letters_keep_the_original_headers_and_say_why() {
+        let original = OwnedHeaders::new().insert(Header {
+            key: "id",
+            value: Some("abc"),
+        });
+        let message = OwnedMessage::new(
+            Some(b"{}".to_vec()),
+            Some(b"7".to_vec()),
+            "order".into(),
+            Timestamp::NotAvailable,
+            2,
+            41,
+            Some(original),
+        );
+        let long = "é".repeat(MAX_ERROR_BYTES);
+        let h = dead_letter_headers(&message, Kind::Handler, &long, 5, "billing");
+        let got: Vec<(String, String)> = h
+            .iter()
+            .map(|h| {
+                (
+                    h.key.to_owned(),
+                    String::from_utf8(h.value.unwrap().to_vec()).unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(got[0], ("id".into(), "abc".into()));
+        assert_eq!(got[1].0, "outbox.error");
+        assert_eq!(got[1].1.len(), MAX_ERROR_BYTES);
+        let rest: Vec<(&str, &str)> = got[2..]
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            rest,
+            [
+                ("outbox.error.kind", "handler"),
+                ("outbox.attempts", "5"),
+                ("outbox.original.topic", "order"),
+                ("outbox.original.partition", "2"),
+                ("outbox.original.offset", "41"),
+                ("outbox.consumer.group", "billing"),
+            ]
+        );
+        assert_eq!(
+            DeadLetterTopic::Suffix(".dlt".into()).for_topic("order"),
+            "order.dlt"
+        );
+        assert_eq!(
+            DeadLetterTopic::Fixed("all.dlt".into()).for_topic("order"),
+            "all.dlt"
+        );
+    }
+}

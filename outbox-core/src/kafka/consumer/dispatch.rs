@@ -1,0 +1,174 @@
+//! Typed dispatch: a handler per event type, found by the message's `aggregate_type` and
+//! `event_type` headers, which decodes the message into its `Envelope<E>` and runs.
+
+use std::collections::HashMap;
+use std::fmt::{self, Display};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use rdkafka::Message;
+use rdkafka::message::{Headers as _, OwnedMessage};
+use serde::de::DeserializeOwned;
+
+use crate::{
+    DecodeError, Envelope, HEADER_AGGREGATE_TYPE, HEADER_EVENT_TYPE, OutboxEvent, Outcome,
+};
+
+/// What a handler did with a message it decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handled {
+    Applied,
+    Duplicate,
+}
+
+pub(crate) type HandlerFuture =
+    Pin<Box<dyn Future<Output = Result<Handled, String>> + Send + 'static>>;
+
+/// A handler with its event type erased: decodes, then runs.
+pub(crate) trait ErasedHandler: Send + Sync {
+    fn call(&self, message: &OwnedMessage) -> Result<HandlerFuture, DecodeError>;
+}
+
+/// A user's handler for event type `E`.
+pub(crate) struct Typed<E, F> {
+    f: F,
+    _event: std::marker::PhantomData<fn() -> E>,
+}
+
+impl<E, F> Typed<E, F> {
+    pub(crate) fn new(f: F) -> Self {
+        Typed {
+            f,
+            _event: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<E, F, Fut, T, Err> ErasedHandler for Typed<E, F>
+where
+    E: OutboxEvent + DeserializeOwned + Send + 'static,
+    F: Fn(Envelope<E>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Outcome<T>, Err>> + Send + 'static,
+    T: Send + 'static,
+    Err: Display + Send + 'static,
+{
+    fn call(&self, message: &OwnedMessage) -> Result<HandlerFuture, DecodeError> {
+        let headers = message.headers().into_iter().flat_map(|h| h.iter());
+        let envelope = Envelope::<E>::decode(headers.map(|h| (h.key, h.value)), message.payload())?;
+        let fut = (self.f)(envelope);
+        Ok(Box::pin(async move {
+            match fut.await {
+                Ok(Outcome::Applied(_)) => Ok(Handled::Applied),
+                Ok(Outcome::Duplicate) => Ok(Handled::Duplicate),
+                Err(e) => Err(e.to_string()),
+            }
+        }))
+    }
+}
+
+/// Why a message cannot be handled at all: retrying would not help.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Undecodable {
+    /// Its headers or payload do not decode (see [`DecodeError`]).
+    Decode(DecodeError),
+    /// No handler is registered for its event type.
+    NoHandler {
+        aggregate_type: String,
+        event_type: String,
+        handled: Vec<String>,
+    },
+}
+
+impl Display for Undecodable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Undecodable::Decode(e) => e.fmt(f),
+            Undecodable::NoHandler {
+                aggregate_type,
+                event_type,
+                handled,
+            } => write!(
+                f,
+                "no handler for event type `{event_type}` of aggregate `{aggregate_type}`; this \
+                 consumer handles {}",
+                handled.join(", ")
+            ),
+        }
+    }
+}
+
+/// The handlers of a consumer, by `(aggregate_type, event_type)`.
+#[derive(Clone, Default)]
+pub(crate) struct Dispatch {
+    handlers: HashMap<(String, String), (u32, Arc<dyn ErasedHandler>)>,
+}
+
+impl Dispatch {
+    /// Registers `handler` for every event type of `types`; returns the first type that already
+    /// had a handler, if any.
+    pub(crate) fn register(
+        &mut self,
+        types: &[crate::EventType],
+        handler: Arc<dyn ErasedHandler>,
+    ) -> Result<(), (String, String)> {
+        for t in types {
+            let key = (t.aggregate_type.to_owned(), t.event_type.to_owned());
+            if self.handlers.contains_key(&key) {
+                return Err(key);
+            }
+            self.handlers.insert(key, (t.version, handler.clone()));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.handlers.is_empty()
+    }
+
+    /// The handler of `message`'s event type.
+    pub(crate) fn handler_for(
+        &self,
+        message: &OwnedMessage,
+    ) -> Result<Arc<dyn ErasedHandler>, Undecodable> {
+        let aggregate_type = header(message, HEADER_AGGREGATE_TYPE)?;
+        let event_type = header(message, HEADER_EVENT_TYPE)?;
+        match self
+            .handlers
+            .get(&(aggregate_type.clone(), event_type.clone()))
+        {
+            Some((_, handler)) => Ok(handler.clone()),
+            None => Err(Undecodable::NoHandler {
+                aggregate_type,
+                event_type,
+                handled: self.described(),
+            }),
+        }
+    }
+
+    /// `aggregate/EventType vN` of every handled type, sorted.
+    pub(crate) fn described(&self) -> Vec<String> {
+        let mut all: Vec<String> = self
+            .handlers
+            .iter()
+            .map(|((a, e), (v, _))| format!("{a}/{e} v{v}"))
+            .collect();
+        all.sort();
+        all
+    }
+}
+
+/// The first header `name` of `message`, as UTF-8.
+fn header(message: &OwnedMessage, name: &'static str) -> Result<String, Undecodable> {
+    let value = message
+        .headers()
+        .and_then(|h| h.iter().find(|h| h.key == name))
+        .and_then(|h| h.value)
+        .ok_or(Undecodable::Decode(DecodeError::MissingHeader { name }))?;
+    String::from_utf8(value.to_vec()).map_err(|e| {
+        Undecodable::Decode(DecodeError::InvalidHeader {
+            name,
+            value: String::from_utf8_lossy(e.as_bytes()).into_owned(),
+            reason: "not UTF-8".to_owned(),
+        })
+    })
+}

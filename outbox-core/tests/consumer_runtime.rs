@@ -1,0 +1,635 @@
+//! `KafkaConsumer` against real Kafka-protocol brokers, with in-memory handlers (the database
+//! side, `#[idempotent]` handlers, is tested in the facade's `consumer` tests). Every test runs
+//! as `noida::<test>` (noida-db, `KAFKA_BROKERS` or 127.0.0.1:9092) and `tansu::<test>` (tansu,
+//! `OUTBOX_TEST_TANSU` or 127.0.0.1:9094), except the consumer-group test, which runs on noida-db
+//! only: tansu takes about 20 s to finish a group join, so the tansu tests read assigned
+//! partitions (`KafkaConsumerBuilder::assign`), committing offsets to the group all the same.
+//!
+//! Each test makes its own topics (3 partitions) and consumer groups.
+//!
+//! ```text
+//! scripts/kafka.sh start
+//! cargo test -p outbox-core --features kafka --test consumer_runtime
+//! ```
+
+use std::collections::HashMap;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_core::kafka::{
+    ConsumerStats, KafkaConfigError, KafkaConsumer, KafkaConsumerBuilder, KafkaPublisher,
+    UndecodablePolicy,
+};
+use outbox_core::relay::{Backoff, Delivery, OutboxMessage, Publisher};
+use outbox_core::{Envelope, Headers, NewMessage, OutboxEvent, Outcome};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Header, Headers as _, Message as _, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+const PARTITIONS: i32 = 3;
+/// How long a test waits for the consumer to get through what it expects.
+const DEADLINE: Duration = Duration::from_secs(90);
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
+#[outbox(crate = outbox_core, aggregate = "order", event_type = "OrderPlaced", version = 2)]
+struct OrderPlaced {
+    #[outbox(aggregate_id)]
+    order_id: u64,
+    n: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+// ---------------------------------------------------------------------------------------------
+
+/// Headers and payload of a record produced by hand.
+type RawRecord = (Vec<(&'static str, Vec<u8>)>, Vec<u8>);
+
+struct Broker {
+    name: &'static str,
+    bootstrap: String,
+}
+
+fn broker(name: &'static str, var: &str, default: &str) -> Broker {
+    let bootstrap = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+    for addr in bootstrap.split(',') {
+        let reachable = addr
+            .trim()
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok());
+        assert!(
+            reachable,
+            "the {name} broker at {addr} is not reachable: run `scripts/kafka.sh start` \
+             (or point {var} at a running Kafka broker)"
+        );
+    }
+    Broker { name, bootstrap }
+}
+
+fn noida() -> Broker {
+    broker("noida-db", "KAFKA_BROKERS", "127.0.0.1:9092")
+}
+
+fn tansu() -> Broker {
+    broker("tansu", "OUTBOX_TEST_TANSU", "127.0.0.1:9094")
+}
+
+macro_rules! on_both_brokers {
+    ($($test:ident),* $(,)?) => {
+        mod noida {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() { super::$test(super::noida()).await })*
+        }
+        mod tansu {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() { super::$test(super::tansu()).await })*
+        }
+    };
+}
+
+on_both_brokers!(
+    handler_errors_are_retried_then_dead_lettered_with_the_error,
+    undecodable_messages_are_dead_lettered_or_skipped_and_the_consumer_goes_on,
+    every_partition_keeps_its_order_across_retries,
+    shutdown_commits_what_is_done,
+);
+
+fn unique(what: &str) -> String {
+    format!("outbox-{what}-{}", Uuid::now_v7().simple())
+}
+
+impl Broker {
+    async fn topic(&self, what: &str) -> String {
+        let topic = unique(what);
+        self.create_topics(&[&topic, &format!("{topic}.dlt")]).await;
+        topic
+    }
+
+    async fn create_topics(&self, topics: &[&str]) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()
+            .unwrap();
+        let new: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|t| NewTopic::new(t, PARTITIONS, TopicReplication::Fixed(1)))
+            .collect();
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        for result in admin.create_topics(&new, &options).await.unwrap() {
+            result.unwrap_or_else(|(t, e)| panic!("{}: creating {t}: {e}", self.name));
+        }
+    }
+
+    /// Publishes like the relay does: `KafkaPublisher`, every message to `topic`.
+    async fn publish(&self, topic: &str, messages: &[OutboxMessage]) {
+        let topic = topic.to_owned();
+        let publisher = KafkaPublisher::builder()
+            .brokers(&self.bootstrap)
+            .topic_for(move |_| topic.clone())
+            .build()
+            .unwrap();
+        let outcomes = publisher.publish(messages).await;
+        assert!(
+            outcomes.iter().all(|o| *o == Delivery::Published),
+            "{}: {outcomes:?}",
+            self.name
+        );
+    }
+
+    /// Produces raw records to partition 0, in order.
+    async fn produce_raw(&self, topic: &str, records: &[RawRecord]) {
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("enable.idempotence", "true")
+            .create()
+            .unwrap();
+        for (headers, payload) in records {
+            let mut h = OwnedHeaders::new();
+            for (k, v) in headers {
+                h = h.insert(Header {
+                    key: k,
+                    value: Some(v.as_slice()),
+                });
+            }
+            let record = FutureRecord::<str, [u8]>::to(topic)
+                .partition(0)
+                .key("k")
+                .payload(payload.as_slice())
+                .headers(h);
+            producer
+                .send(record, Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|(e, _)| panic!("{}: producing: {e}", self.name));
+        }
+    }
+
+    /// A consumer of `topic` in a fresh group, reading every partition (assigned, not
+    /// subscribed), retrying fast.
+    fn consumer(&self, topic: &str, group: &str) -> KafkaConsumerBuilder {
+        KafkaConsumer::builder()
+            .brokers(&self.bootstrap)
+            .group(group)
+            .assign(topic, 0..PARTITIONS)
+            .set("fetch.wait.max.ms", "100")
+            .retry_backoff(Backoff {
+                initial: Duration::from_millis(20),
+                max: Duration::from_millis(100),
+                multiplier: 2.0,
+                jitter: 0.2,
+            })
+    }
+
+    /// Reads `topic` from the beginning until `n` records arrived (or the deadline).
+    async fn read(&self, topic: &str, n: usize) -> Vec<OwnedMessage> {
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", unique("reader"))
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", "100")
+            .create()
+            .unwrap();
+        let mut assignment = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            assignment
+                .add_partition_offset(topic, p, Offset::Beginning)
+                .unwrap();
+        }
+        consumer.assign(&assignment).unwrap();
+        let deadline = Instant::now() + DEADLINE;
+        let mut got = Vec::new();
+        while got.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, consumer.recv()).await {
+                Ok(Ok(m)) => got.push(m.detach()),
+                Ok(Err(e)) => panic!("{}: reading {topic}: {e}", self.name),
+                Err(_) => break,
+            }
+        }
+        got
+    }
+}
+
+/// Runs `consumer` until `done` holds of its counters (panicking with them after the
+/// deadline), then shuts it down gracefully.
+async fn run_until(
+    name: &str,
+    consumer: KafkaConsumer,
+    done: impl Fn(&ConsumerStats) -> bool,
+) -> Arc<ConsumerStats> {
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(consumer.run(async move {
+        stopped.await.ok();
+    }));
+    let deadline = Instant::now() + DEADLINE;
+    while !done(&stats) {
+        assert!(
+            Instant::now() < deadline,
+            "{name}: gave up waiting: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(()).unwrap();
+    task.await.unwrap();
+    stats
+}
+
+fn n(counter: &std::sync::atomic::AtomicU64) -> u64 {
+    counter.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn placed(order_id: u64, n: u64) -> OutboxMessage {
+    claimed(
+        NewMessage::from_event(&OrderPlaced { order_id, n }, Headers::new()).unwrap(),
+        n as i64,
+    )
+}
+
+fn claimed(m: NewMessage, seq: i64) -> OutboxMessage {
+    OutboxMessage {
+        seq,
+        id: m.id,
+        aggregate_type: m.aggregate_type.into_owned(),
+        aggregate_id: m.aggregate_id,
+        event_type: m.event_type.into_owned(),
+        event_version: m.event_version,
+        payload: m.payload,
+        headers: m.headers,
+        topic: None,
+        shard: m.shard,
+        created_at: m.created_at,
+        attempts: 1,
+    }
+}
+
+fn header<'a>(m: &'a OwnedMessage, name: &str) -> &'a str {
+    let value = m
+        .headers()
+        .and_then(|h| h.iter().find(|h| h.key == name))
+        .and_then(|h| h.value)
+        .unwrap_or_else(|| panic!("no header {name}"));
+    std::str::from_utf8(value).unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
+
+/// Order 1 fails twice and then succeeds; order 2 always fails and ends in the dead-letter
+/// topic after 3 attempts, with the error; order 3 succeeds at once.
+async fn handler_errors_are_retried_then_dead_lettered_with_the_error(broker: Broker) {
+    let topic = broker.topic("retry").await;
+    let messages = [placed(1, 0), placed(2, 0), placed(3, 0)];
+    broker.publish(&topic, &messages).await;
+
+    let attempts: Arc<Mutex<HashMap<u64, u32>>> = Arc::default();
+    let seen = attempts.clone();
+    let consumer = broker
+        .consumer(&topic, &unique("retry"))
+        .max_attempts(3)
+        .handler(move |event: Envelope<OrderPlaced>| {
+            let seen = seen.clone();
+            async move {
+                let attempt = {
+                    let mut seen = seen.lock().unwrap();
+                    let a = seen.entry(event.order_id).or_default();
+                    *a += 1;
+                    *a
+                };
+                match (event.order_id, attempt) {
+                    (1, 1..=2) | (2, _) => {
+                        Err(format!("card declined for order {}", event.order_id))
+                    }
+                    _ => Ok(Outcome::Applied(())),
+                }
+            }
+        })
+        .build()
+        .unwrap();
+    let stats = run_until(broker.name, consumer, |s| {
+        n(&s.applied) == 2 && n(&s.dead_lettered) == 1
+    })
+    .await;
+    assert_eq!(n(&stats.handler_errors), 2 + 3, "{stats:?}");
+    assert_eq!(n(&stats.done), 3, "{stats:?}");
+    assert_eq!(
+        *attempts.lock().unwrap(),
+        HashMap::from([(1, 3), (2, 3), (3, 1)])
+    );
+
+    let dead = broker.read(&format!("{topic}.dlt"), 1).await;
+    assert_eq!(dead.len(), 1, "{}", broker.name);
+    let d = &dead[0];
+    assert_eq!(header(d, "outbox.error"), "card declined for order 2");
+    assert_eq!(header(d, "outbox.error.kind"), "handler");
+    assert_eq!(header(d, "outbox.attempts"), "3");
+    assert_eq!(header(d, "outbox.original.topic"), topic);
+    assert!(header(d, "outbox.consumer.group").starts_with("outbox-retry-"));
+    header(d, "outbox.original.partition")
+        .parse::<i32>()
+        .unwrap();
+    header(d, "outbox.original.offset").parse::<i64>().unwrap();
+    // The original message travels as it was: key, payload, headers.
+    assert_eq!(header(d, "id"), messages[1].id.hyphenated().to_string());
+    assert_eq!(d.key(), Some(&b"2"[..]));
+    assert_eq!(d.payload(), Some(messages[1].payload.as_bytes()));
+}
+
+/// Garbage bytes, a missing header, an unknown event type and a too-new version, each
+/// followed by a good message on the same partition: dead-lettered with the reason (or skipped
+/// by policy), and the good messages are handled.
+async fn undecodable_messages_are_dead_lettered_or_skipped_and_the_consumer_goes_on(
+    broker: Broker,
+) {
+    let topic = broker.topic("undecodable").await;
+    let good = |n: u64| {
+        let m = placed(7, n);
+        (headers_of(&m), m.payload.into_bytes())
+    };
+    let mut missing_id = good(1);
+    missing_id.0.retain(|(k, _)| *k != "id");
+    let mut unknown = good(2);
+    set(&mut unknown.0, "event_type", b"OrderShipped");
+    let mut too_new = good(3);
+    set(&mut too_new.0, "event_version", b"3");
+    let garbage = (good(0).0, b"\xff\x00 not json".to_vec());
+    let records = [
+        garbage,
+        good(10),
+        missing_id,
+        good(11),
+        unknown,
+        good(12),
+        too_new,
+        good(13),
+    ];
+    broker.produce_raw(&topic, &records).await;
+
+    let handled: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let handler = |handled: Arc<Mutex<Vec<u64>>>| {
+        move |event: Envelope<OrderPlaced>| {
+            handled.lock().unwrap().push(event.n);
+            async { Ok::<_, String>(Outcome::Applied(())) }
+        }
+    };
+    let consumer = broker
+        .consumer(&topic, &unique("dead-letter"))
+        .on_undecodable(UndecodablePolicy::DeadLetter)
+        .handler(handler(handled.clone()))
+        .build()
+        .unwrap();
+    let stats = run_until(broker.name, consumer, |s| n(&s.done) == 8).await;
+    assert_eq!(
+        (n(&stats.applied), n(&stats.dead_lettered)),
+        (4, 4),
+        "{stats:?}"
+    );
+    assert_eq!(*handled.lock().unwrap(), [10, 11, 12, 13]);
+
+    let dead = broker.read(&format!("{topic}.dlt"), 4).await;
+    let reasons: Vec<&str> = dead.iter().map(|d| header(d, "outbox.error")).collect();
+    assert_eq!(reasons.len(), 4, "{}: {reasons:?}", broker.name);
+    assert!(
+        reasons[0].starts_with(
+            "the payload of event `OrderPlaced` does not decode as `consumer_runtime::OrderPlaced`: expected value"
+        ),
+        "{reasons:?}"
+    );
+    assert!(reasons[1].starts_with("missing header `id`"), "{reasons:?}");
+    assert_eq!(
+        reasons[2],
+        "no handler for event type `OrderShipped` of aggregate `order`; this consumer handles \
+         order/OrderPlaced v2"
+    );
+    assert!(
+        reasons[3].starts_with("event `OrderPlaced` has version 3, newer than version 2"),
+        "{reasons:?}"
+    );
+    for d in &dead {
+        assert_eq!(header(d, "outbox.error.kind"), "undecodable");
+        assert_eq!(header(d, "outbox.attempts"), "0");
+    }
+    assert_eq!(dead[0].payload(), Some(&b"\xff\x00 not json"[..]));
+
+    // Skipped by policy: another group reads the same topic, logs and goes on.
+    handled.lock().unwrap().clear();
+    let consumer = broker
+        .consumer(&topic, &unique("skip"))
+        .on_undecodable(UndecodablePolicy::Skip)
+        .handler(handler(handled.clone()))
+        .build()
+        .unwrap();
+    let stats = run_until(broker.name, consumer, |s| n(&s.done) == 8).await;
+    assert_eq!(
+        (
+            n(&stats.applied),
+            n(&stats.skipped),
+            n(&stats.dead_lettered)
+        ),
+        (4, 4, 0)
+    );
+    assert_eq!(*handled.lock().unwrap(), [10, 11, 12, 13]);
+}
+
+/// 300 events of 10 orders over 3 partitions, some failing once: every order's events are
+/// handled in publish order, each once.
+async fn every_partition_keeps_its_order_across_retries(broker: Broker) {
+    let topic = broker.topic("order").await;
+    let messages: Vec<OutboxMessage> = (0..300).map(|i| placed(i % 10, i / 10)).collect();
+    broker.publish(&topic, &messages).await;
+
+    let handled: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let failed_once: Arc<Mutex<std::collections::HashSet<(u64, u64)>>> = Arc::default();
+    let (h, f) = (handled.clone(), failed_once.clone());
+    let consumer = broker
+        .consumer(&topic, &unique("order"))
+        .handler(move |event: Envelope<OrderPlaced>| {
+            let key = (event.order_id, event.n);
+            let fail = key.1 % 7 == 3 && f.lock().unwrap().insert(key);
+            if !fail {
+                h.lock().unwrap().push(key);
+            }
+            async move {
+                if fail {
+                    Err("transient")
+                } else {
+                    Ok(Outcome::Applied(()))
+                }
+            }
+        })
+        .build()
+        .unwrap();
+    let stats = run_until(broker.name, consumer, |s| n(&s.applied) == 300).await;
+    assert_eq!(n(&stats.handler_errors), 10 * 4, "{stats:?}");
+    let handled = handled.lock().unwrap();
+    assert_eq!(handled.len(), 300);
+    for order in 0..10 {
+        let seq: Vec<u64> = handled
+            .iter()
+            .filter(|(o, _)| *o == order)
+            .map(|(_, n)| *n)
+            .collect();
+        assert_eq!(
+            seq,
+            (0..30).collect::<Vec<_>>(),
+            "{}: order {order}",
+            broker.name
+        );
+    }
+}
+
+/// Offsets are committed on shutdown (background commits are off here): a new consumer of the
+/// same group gets only what was published after.
+async fn shutdown_commits_what_is_done(broker: Broker) {
+    let topic = broker.topic("shutdown").await;
+    let group = unique("shutdown");
+    broker
+        .publish(&topic, &(0..20).map(|i| placed(i, 0)).collect::<Vec<_>>())
+        .await;
+    let handler = |event: Envelope<OrderPlaced>| async move {
+        let _ = event;
+        Ok::<_, String>(Outcome::Applied(()))
+    };
+    let first = broker
+        .consumer(&topic, &group)
+        .set("auto.commit.interval.ms", "3600000")
+        .handler(handler)
+        .build()
+        .unwrap();
+    run_until(broker.name, first, |s| n(&s.applied) == 20).await;
+
+    broker
+        .publish(
+            &topic,
+            &(100..105).map(|i| placed(i, 0)).collect::<Vec<_>>(),
+        )
+        .await;
+    let second = broker
+        .consumer(&topic, &group)
+        .handler(handler)
+        .build()
+        .unwrap();
+    let stats = run_until(broker.name, second, |s| n(&s.applied) >= 5).await;
+    assert_eq!(n(&stats.received), 5, "{}: {stats:?}", broker.name);
+}
+
+/// Subscribing as a group member (noida-db only, see the module docs): messages are handled,
+/// and a member that joins later after a graceful shutdown resumes after the committed offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noida_group_subscription_resumes_after_the_committed_offsets() {
+    let broker = noida();
+    let topic = broker.topic("group").await;
+    let group = unique("group");
+    broker
+        .publish(&topic, &(0..10).map(|i| placed(i, 0)).collect::<Vec<_>>())
+        .await;
+    let handler = |event: Envelope<OrderPlaced>| async move {
+        let _ = event;
+        Ok::<_, String>(Outcome::Applied(()))
+    };
+    let member = |group: &str| {
+        KafkaConsumer::builder()
+            .brokers(&broker.bootstrap)
+            .group(group)
+            .topic(&topic)
+            .set("fetch.wait.max.ms", "100")
+            .handler(handler)
+            .build()
+            .unwrap()
+    };
+    run_until(broker.name, member(&group), |s| n(&s.applied) == 10).await;
+    broker
+        .publish(&topic, &(10..12).map(|i| placed(i, 0)).collect::<Vec<_>>())
+        .await;
+    let stats = run_until(broker.name, member(&group), |s| n(&s.applied) >= 2).await;
+    assert_eq!(n(&stats.received), 2, "{stats:?}");
+}
+
+#[tokio::test]
+async fn configuration_mistakes_are_refused_by_name() {
+    let ok = |event: Envelope<OrderPlaced>| async move {
+        let _ = event;
+        Ok::<_, String>(Outcome::Applied(()))
+    };
+    let base = || {
+        KafkaConsumer::builder()
+            .brokers("127.0.0.1:9")
+            .group("g")
+            .topic("t")
+    };
+    let message = |b: KafkaConsumerBuilder| b.build().unwrap_err().to_string();
+    assert_eq!(
+        message(base()),
+        "invalid `handler`: a consumer needs at least one handler: call `.handler(...)`"
+    );
+    assert_eq!(
+        message(base().handler(ok).handler(ok)),
+        "invalid `handler`: event type `OrderPlaced` of aggregate `order` has two handlers"
+    );
+    assert!(message(base().handler(ok).assign("t", [0])).starts_with("invalid `assign`"));
+    assert!(message(base().handler(ok).max_attempts(0)).starts_with("invalid `max_attempts`"));
+    assert!(
+        message(base().handler(ok).set("enable.auto.offset.store", "true"))
+            .contains("the consumer stores an offset only once its message is done")
+    );
+    let err = base()
+        .handler(ok)
+        .set("session.timeout.ms", "soon")
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&err, KafkaConfigError::Invalid { key, .. } if key == "session.timeout.ms"),
+        "{err}"
+    );
+    let slow = Backoff {
+        initial: Duration::from_secs(60),
+        max: Duration::from_secs(60),
+        multiplier: 1.0,
+        jitter: 0.0,
+    };
+    let err = message(base().handler(ok).retry_backoff(slow).max_attempts(4));
+    assert!(
+        err.contains("more than half of `max.poll.interval.ms`"),
+        "{err}"
+    );
+    assert!(matches!(
+        KafkaConsumer::builder()
+            .group("g")
+            .topic("t")
+            .handler(ok)
+            .build(),
+        Err(KafkaConfigError::MissingBrokers)
+    ));
+}
+
+/// The headers the publisher would send with `m`.
+fn headers_of(m: &OutboxMessage) -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("id", m.id.hyphenated().to_string().into_bytes()),
+        ("event_type", m.event_type.clone().into_bytes()),
+        ("event_version", m.event_version.to_string().into_bytes()),
+        ("aggregate_type", m.aggregate_type.clone().into_bytes()),
+        (
+            "created_at",
+            m.created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+                .into_bytes(),
+        ),
+    ]
+}
+
+fn set(headers: &mut [(&str, Vec<u8>)], name: &str, value: &[u8]) {
+    for (k, v) in headers {
+        if *k == name {
+            *v = value.to_vec();
+        }
+    }
+}

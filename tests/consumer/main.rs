@@ -1,0 +1,89 @@
+#![allow(missing_docs)]
+//! The consumer side against real PostgreSQL, MariaDB/MySQL and SQLite: the inbox and
+//! `#[idempotent]` on every sync and async connection type.
+//!
+//! Every test creates its own database (see `support::TestDatabase`) and drops it at the end.
+//! Run with `cargo test --all-features --test consumer`.
+
+#[path = "../integration/support.rs"]
+mod support;
+
+mod conns;
+mod idempotent_suite;
+mod inbox_suite;
+
+#[cfg(feature = "postgres")]
+inbox_suite!(
+    postgres,
+    diesel::PgConnection,
+    crate::support::TestDatabase::postgres
+);
+#[cfg(feature = "mysql")]
+inbox_suite!(
+    mysql,
+    diesel::MysqlConnection,
+    crate::support::TestDatabase::mysql
+);
+#[cfg(feature = "sqlite")]
+inbox_suite!(
+    sqlite,
+    diesel::SqliteConnection,
+    crate::support::TestDatabase::sqlite
+);
+
+#[cfg(feature = "postgres")]
+async_inbox_suite!(
+    async_postgres,
+    diesel_async::AsyncPgConnection,
+    crate::support::TestDatabase::postgres
+);
+#[cfg(feature = "mysql")]
+async_inbox_suite!(
+    async_mysql,
+    diesel_async::AsyncMysqlConnection,
+    crate::support::TestDatabase::mysql
+);
+#[cfg(feature = "sqlite")]
+async_inbox_suite!(
+    async_sqlite,
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    crate::support::TestDatabase::sqlite
+);
+
+#[cfg(feature = "postgres")]
+idempotent_suite!(
+    idempotent_postgres,
+    diesel::PgConnection,
+    crate::support::TestDatabase::postgres
+);
+#[cfg(feature = "mysql")]
+idempotent_suite!(
+    idempotent_mysql,
+    diesel::MysqlConnection,
+    crate::support::TestDatabase::mysql
+);
+#[cfg(feature = "sqlite")]
+idempotent_suite!(
+    idempotent_sqlite,
+    diesel::SqliteConnection,
+    crate::support::TestDatabase::sqlite
+);
+
+#[cfg(feature = "postgres")]
+async_idempotent_suite!(
+    idempotent_async_postgres,
+    diesel_async::AsyncPgConnection,
+    crate::support::TestDatabase::postgres
+);
+#[cfg(feature = "mysql")]
+async_idempotent_suite!(
+    idempotent_async_mysql,
+    diesel_async::AsyncMysqlConnection,
+    crate::support::TestDatabase::mysql
+);
+#[cfg(feature = "sqlite")]
+async_idempotent_suite!(
+    idempotent_async_sqlite,
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    crate::support::TestDatabase::sqlite
+);

@@ -1,0 +1,25 @@
+// `consumer` is a string literal.
+use diesel::SqliteConnection;
+use outbox::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order")]
+struct OrderCreated {
+    #[outbox(aggregate_id)]
+    order_id: i64,
+}
+
+#[idempotent(consumer = billing)]
+fn charge(conn: &mut SqliteConnection, event: Envelope<OrderCreated>) -> diesel::QueryResult<()> {
+    let _ = (conn, event);
+    Ok(())
+}
+
+#[idempotent(consumer = 7)]
+fn refund(conn: &mut SqliteConnection, event: Envelope<OrderCreated>) -> diesel::QueryResult<()> {
+    let _ = (conn, event);
+    Ok(())
+}
+
+fn main() {}
