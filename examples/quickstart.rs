@@ -6,10 +6,13 @@
 //! 1. places two orders, each with its `OrderCreated` event, atomically;
 //! 2. tries a third order whose transaction fails after publishing its event, and shows that
 //!    neither the order nor the event was stored;
-//! 3. prints what the outbox table holds: the events a relay would publish next.
+//! 3. prints what the outbox table holds: the events a relay publishes next;
+//! 4. runs a relay that publishes them to an in-memory broker (the same relay publishes to
+//!    Kafka in production: see `examples/orders_kafka.rs`), and prints what the broker got.
 //!
 //! The point of the outbox: the event is a row in the same local transaction as the order, so
 //! there is never an order without its event, nor an event about an order that does not exist.
+//! The relay then publishes committed rows only, outside any transaction, at least once.
 
 #![allow(missing_docs)] // `diesel::table!` generates undocumented items
 
@@ -147,6 +150,50 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "\nOrder 3 left no trace: no order row and no event. Every stored order has its event,\n\
          waiting in the outbox for a relay to publish it."
     );
+
+    relay_to_memory_broker(path.to_str().ok_or("non-UTF-8 temp path")?)?;
+    Ok(())
+}
+
+/// Step 4: a relay claims the committed events, publishes them (here to the in-memory broker),
+/// and marks them published. It runs until the outbox is drained, then shuts down gracefully.
+fn relay_to_memory_broker(database: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use outbox::relay::{MemoryBroker, Relay, RelayConfig, SqliteRelayStore};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    println!("\n4. Running a relay: it publishes the committed events to an in-memory broker.");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let broker = Arc::new(MemoryBroker::new());
+    let config = RelayConfig {
+        poll_interval: Duration::from_millis(50),
+        ..RelayConfig::default()
+    };
+    let relay = Relay::new(SqliteRelayStore::new(database), broker.clone(), config)?;
+    let stats = relay.stats();
+    runtime.block_on(relay.run(async {
+        // Stop once both events are out; a real relay runs until SIGTERM.
+        while broker.all_records().len() < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }));
+    for r in broker.records("order") {
+        println!(
+            "   topic `{}` key {} {} (event id {}): {}",
+            r.topic,
+            r.key,
+            r.header("event_type").unwrap_or("?"),
+            r.id,
+            r.payload
+        );
+    }
+    let published = stats.published.load(std::sync::atomic::Ordering::Relaxed);
+    println!("   The relay published and marked {published} events; order 3's never existed.");
+    if published != 2 {
+        return Err("expected the relay to publish exactly the two committed events".into());
+    }
     Ok(())
 }
 

@@ -187,7 +187,9 @@ case "$cmd" in
     start_one tansu "$TANSU_ADDR" "$(tansu_bin)" broker \
       --listener-url "tcp://$TANSU_ADDR" --advertised-listener-url "tcp://$TANSU_ADDR" \
       --storage-engine memory://tansu/
-    for f in "$state/noida.log" "$state/tansu.log"; do [ -f "$f" ] && log "log: $f"; done
+    for f in "$state/noida.log" "$state/tansu.log"; do
+      if [ -f "$f" ]; then log "log: $f"; fi
+    done
     ;;
   stop)
     stop_one noida

@@ -84,8 +84,8 @@
 //!   closure.
 //! - `r2d2`: Diesel's r2d2 pool; pooled connections work unchanged.
 //! - `relay`: the relay engine and its stores (implies `async`).
-//! - `kafka`: the Kafka publisher and consumer (implies `relay`; builds librdkafka from source,
-//!   which needs a C compiler and `make`).
+//! - `kafka`: the Kafka publisher and consumer (librdkafka, built from bundled sources).
+//! - `cli`: the `outbox` binary: `outbox migrate`, `outbox relay`, `outbox status`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use outbox_core::{
@@ -117,17 +117,15 @@ pub mod relay {
     pub use outbox_diesel::relay::*;
 }
 
-/// Kafka: the relay's [`KafkaPublisher`](kafka::KafkaPublisher) and the consumers'
-/// [`KafkaConsumer`](kafka::KafkaConsumer), which dispatches each message to the handler of its
-/// event type (typically an [`idempotent`] function) and commits its offset only once the
-/// handler's transaction committed.
+pub use outbox_diesel::notify;
+
+/// Kafka (feature `kafka`): the relay's [`KafkaPublisher`](kafka::KafkaPublisher) and the
+/// consumers' [`KafkaConsumer`](kafka::KafkaConsumer), which dispatches each message to the
+/// handler of its event type (typically an [`idempotent`] function) and commits its offset only
+/// once the handler's transaction committed.
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-pub mod kafka {
-    pub use outbox_core::kafka::*;
-}
-
-pub use outbox_diesel::notify;
+pub use outbox_core::kafka;
 
 pub use outbox_diesel::inbox;
 

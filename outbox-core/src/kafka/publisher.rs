@@ -125,6 +125,39 @@ impl KafkaPublisher {
         self.enqueue_budget() + self.message_timeout + REPORT_GRACE
     }
 
+    /// Asks the cluster for its metadata: `Ok` once a broker answered within `timeout`, else
+    /// an error saying which brokers were tried. For start-up checks; publishing does not need
+    /// it.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// let publisher = outbox_core::kafka::KafkaPublisher::builder().brokers("127.0.0.1:9092").build()?;
+    /// publisher.check_reachable(Duration::from_secs(5)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_reachable(&self, timeout: Duration) -> Result<(), String> {
+        let (_, producer) = self.current();
+        let brokers = self
+            .config
+            .get("bootstrap.servers")
+            .unwrap_or("?")
+            .to_owned();
+        let found = tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, timeout)
+                .map(|m| m.brokers().len())
+        })
+        .await
+        .map_err(|e| format!("metadata request to Kafka at {brokers} failed: {e}"))?;
+        match found {
+            Ok(n) if n > 0 => Ok(()),
+            Ok(_) => Err(format!("Kafka at {brokers} answered with no brokers")),
+            Err(e) => Err(format!("cannot reach Kafka at {brokers}: {e}")),
+        }
+    }
+
     /// The topic `msg` is sent to.
     ///
     /// ```

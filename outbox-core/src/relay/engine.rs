@@ -142,7 +142,14 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                         }
                         active = now_active;
                         self.stats.active.store(active, Ordering::Relaxed);
-                        next_ownership = Instant::now() + self.config.lease / 3;
+                        // Owners renew every third of a lease; standbys look every tenth, so a
+                        // dead owner's work moves on soon after its lease ends.
+                        let every = if active {
+                            self.config.lease / 3
+                        } else {
+                            self.config.lease / 10
+                        };
+                        next_ownership = Instant::now() + every;
                     }
                     Err(e) => {
                         self.outage_wait(&mut shutdown, &mut stopping, &mut outage, e)
@@ -152,7 +159,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 }
             }
             if !active {
-                let wait = self.config.poll_interval.min(self.config.lease / 3);
+                let wait = self.config.poll_interval.min(self.config.lease / 10);
                 sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
                 continue;
             }

@@ -85,3 +85,53 @@ pub(crate) fn fair_share(live: i64) -> i64 {
     let live = live.max(1);
     (shards + live - 1) / live
 }
+
+/// The columns of a claimed row that every backend reads the same way; each store's row
+/// embeds it and adds the id and `created_at` in its own types.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct ClaimedColumns {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub seq: i64,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    aggregate_type: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    aggregate_id: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    event_type: String,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    event_version: i32,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    payload: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    headers: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    topic: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::SmallInt)]
+    shard: i16,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    attempts: i32,
+}
+
+impl ClaimedColumns {
+    /// The message, given the id and creation time the backend stored in its own types.
+    pub(crate) fn into_message(
+        self,
+        id: uuid::Uuid,
+        created_at: chrono::DateTime<chrono::Utc>,
+    ) -> outbox_core::relay::OutboxMessage {
+        outbox_core::relay::OutboxMessage {
+            seq: self.seq,
+            id,
+            aggregate_type: self.aggregate_type,
+            aggregate_id: self.aggregate_id,
+            event_type: self.event_type,
+            event_version: self.event_version,
+            headers: parse_headers(&self.headers),
+            payload: self.payload,
+            topic: self.topic,
+            shard: self.shard,
+            created_at,
+            attempts: self.attempts,
+        }
+    }
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 use chrono::NaiveDateTime;
 use diesel::mysql::Mysql;
 use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{BigInt, Bool, Datetime, Integer, Nullable, SmallInt, Text};
+use diesel::sql_types::{BigInt, Bool, Datetime, SmallInt, Text};
 use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, TransactionManager};
 use outbox_core::relay::{
@@ -13,7 +13,7 @@ use outbox_core::relay::{
 };
 
 use super::common::{
-    IN_LIST_MAX, connect_error, fair_share, micros, parse_headers, parse_id, placeholders,
+    ClaimedColumns, IN_LIST_MAX, connect_error, fair_share, micros, parse_id, placeholders,
 };
 
 /// Session settings of relay connections, one statement each.
@@ -208,49 +208,19 @@ impl IsDeadlock for diesel::result::Error {
 
 #[derive(QueryableByName)]
 struct Row {
-    #[diesel(sql_type = BigInt)]
-    seq: i64,
+    #[diesel(embed)]
+    columns: ClaimedColumns,
     #[diesel(sql_type = Text)]
     id: String,
-    #[diesel(sql_type = Text)]
-    aggregate_type: String,
-    #[diesel(sql_type = Text)]
-    aggregate_id: String,
-    #[diesel(sql_type = Text)]
-    event_type: String,
-    #[diesel(sql_type = Integer)]
-    event_version: i32,
-    #[diesel(sql_type = Text)]
-    payload: String,
-    #[diesel(sql_type = Text)]
-    headers: String,
-    #[diesel(sql_type = Nullable<Text>)]
-    topic: Option<String>,
-    #[diesel(sql_type = SmallInt)]
-    shard: i16,
     /// Naive UTC: `DATETIME(6)` stores no zone.
     #[diesel(sql_type = Datetime)]
     created_at: NaiveDateTime,
-    #[diesel(sql_type = Integer)]
-    attempts: i32,
 }
 
 impl Row {
     fn into_message(self) -> diesel::QueryResult<OutboxMessage> {
-        Ok(OutboxMessage {
-            id: parse_id(self.seq, &self.id)?,
-            seq: self.seq,
-            aggregate_type: self.aggregate_type,
-            aggregate_id: self.aggregate_id,
-            event_type: self.event_type,
-            event_version: self.event_version,
-            headers: parse_headers(&self.headers),
-            payload: self.payload,
-            topic: self.topic,
-            shard: self.shard,
-            created_at: self.created_at.and_utc(),
-            attempts: self.attempts,
-        })
+        let id = parse_id(self.columns.seq, &self.id)?;
+        Ok(self.columns.into_message(id, self.created_at.and_utc()))
     }
 }
 

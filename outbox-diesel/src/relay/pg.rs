@@ -4,15 +4,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
-use diesel::sql_types::{
-    Array, BigInt, Bool, Double, Integer, Nullable, SmallInt, Text, Timestamptz,
-};
+use diesel::sql_types::{Array, BigInt, Bool, Double, SmallInt, Text, Timestamptz};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_core::relay::{
     Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
 };
 
-use super::common::{connect_error, fair_share, parse_headers, secs};
+use super::common::{ClaimedColumns, connect_error, fair_share, secs};
 
 /// The channel writers notify and relays listen on.
 pub const NOTIFY_CHANNEL: &str = "outbox_events";
@@ -133,48 +131,17 @@ const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
 
 #[derive(QueryableByName)]
 struct Row {
-    #[diesel(sql_type = BigInt)]
-    seq: i64,
+    #[diesel(embed)]
+    columns: ClaimedColumns,
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     id: uuid::Uuid,
-    #[diesel(sql_type = Text)]
-    aggregate_type: String,
-    #[diesel(sql_type = Text)]
-    aggregate_id: String,
-    #[diesel(sql_type = Text)]
-    event_type: String,
-    #[diesel(sql_type = Integer)]
-    event_version: i32,
-    #[diesel(sql_type = Text)]
-    payload: String,
-    #[diesel(sql_type = Text)]
-    headers: String,
-    #[diesel(sql_type = Nullable<Text>)]
-    topic: Option<String>,
-    #[diesel(sql_type = SmallInt)]
-    shard: i16,
     #[diesel(sql_type = Timestamptz)]
     created_at: DateTime<Utc>,
-    #[diesel(sql_type = Integer)]
-    attempts: i32,
 }
 
 impl From<Row> for OutboxMessage {
     fn from(r: Row) -> Self {
-        OutboxMessage {
-            seq: r.seq,
-            id: r.id,
-            aggregate_type: r.aggregate_type,
-            aggregate_id: r.aggregate_id,
-            event_type: r.event_type,
-            event_version: r.event_version,
-            headers: parse_headers(&r.headers),
-            payload: r.payload,
-            topic: r.topic,
-            shard: r.shard,
-            created_at: r.created_at,
-            attempts: r.attempts,
-        }
+        r.columns.into_message(r.id, r.created_at)
     }
 }
 

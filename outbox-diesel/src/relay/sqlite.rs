@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{BigInt, Bool, Integer, Nullable, SmallInt, Text, Timestamp};
+use diesel::sql_types::{BigInt, Bool, SmallInt, Text, Timestamp};
 use diesel::sqlite::Sqlite;
 use diesel::{QueryableByName, RunQueryDsl, SqliteConnection};
 use diesel_async::AsyncConnection;
@@ -14,7 +14,7 @@ use outbox_core::relay::{
 };
 
 use super::common::{
-    IN_LIST_MAX, MAX_INTERVAL, connect_error, fair_share, parse_headers, parse_id, placeholders,
+    ClaimedColumns, IN_LIST_MAX, MAX_INTERVAL, connect_error, fair_share, parse_id, placeholders,
 };
 use crate::backend::sqlite_timestamp;
 
@@ -130,49 +130,19 @@ const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
 
 #[derive(QueryableByName)]
 struct Row {
-    #[diesel(sql_type = BigInt)]
-    seq: i64,
+    #[diesel(embed)]
+    columns: ClaimedColumns,
     #[diesel(sql_type = Text)]
     id: String,
-    #[diesel(sql_type = Text)]
-    aggregate_type: String,
-    #[diesel(sql_type = Text)]
-    aggregate_id: String,
-    #[diesel(sql_type = Text)]
-    event_type: String,
-    #[diesel(sql_type = Integer)]
-    event_version: i32,
-    #[diesel(sql_type = Text)]
-    payload: String,
-    #[diesel(sql_type = Text)]
-    headers: String,
-    #[diesel(sql_type = Nullable<Text>)]
-    topic: Option<String>,
-    #[diesel(sql_type = SmallInt)]
-    shard: i16,
     /// UTC text, `YYYY-MM-DD HH:MM:SS.ffffff`.
     #[diesel(sql_type = Timestamp)]
     created_at: NaiveDateTime,
-    #[diesel(sql_type = Integer)]
-    attempts: i32,
 }
 
 impl Row {
     fn into_message(self) -> diesel::QueryResult<OutboxMessage> {
-        Ok(OutboxMessage {
-            id: parse_id(self.seq, &self.id)?,
-            seq: self.seq,
-            aggregate_type: self.aggregate_type,
-            aggregate_id: self.aggregate_id,
-            event_type: self.event_type,
-            event_version: self.event_version,
-            headers: parse_headers(&self.headers),
-            payload: self.payload,
-            topic: self.topic,
-            shard: self.shard,
-            created_at: self.created_at.and_utc(),
-            attempts: self.attempts,
-        })
+        let id = parse_id(self.columns.seq, &self.id)?;
+        Ok(self.columns.into_message(id, self.created_at.and_utc()))
     }
 }
 

@@ -1,0 +1,511 @@
+//! `outbox`: run the outbox's migrations and its relay from the command line.
+//!
+//! ```text
+//! outbox migrate --database-url postgres://app@db/app
+//! outbox relay   --database-url postgres://app@db/app --brokers kafka:9092 --mode sharded
+//! outbox status  --database-url postgres://app@db/app
+//! ```
+//! Every flag can also come from the environment (`DATABASE_URL`, `KAFKA_BROKERS`,
+//! `OUTBOX_MODE`, ...: see `outbox relay --help`). The URL's scheme picks the backend:
+//! `postgres://` or `postgresql://`, `mysql://`, and anything else is an SQLite file path
+//! (optionally `sqlite://path`).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use diesel_async::AsyncConnection;
+use outbox::kafka::KafkaPublisher;
+use outbox::relay::{
+    Completion, DeadLetterPolicy, Mode, MysqlRelayStore, PgRelayStore, Relay, RelayConfig,
+    RelayStore, Retention, SqliteRelayStore,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "outbox",
+    version,
+    about = "Migrations, relay and status of a Diesel transactional outbox"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create or update the outbox tables.
+    Migrate {
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+    },
+    /// Publish committed outbox events to Kafka until stopped (SIGINT/SIGTERM: finish the
+    /// batch in flight, release the leases, exit).
+    Relay(RelayArgs),
+    /// Show the backlog, its oldest event, dead letters, in-flight leases and owners.
+    Status {
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+    },
+}
+
+#[derive(clap::Args)]
+struct RelayArgs {
+    /// The database: postgres://…, mysql://… or an SQLite file path.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// Kafka bootstrap servers, `host:port[,host:port…]`.
+    #[arg(long, env = "KAFKA_BROKERS")]
+    brokers: String,
+    /// How relays share the work: `unordered`, `sharded` or `leader`.
+    #[arg(long, env = "OUTBOX_MODE", default_value = "unordered")]
+    mode: Mode,
+    /// Events per claim.
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 500)]
+    batch_size: usize,
+    /// Milliseconds between polls of an empty outbox (PostgreSQL's NOTIFY wakes earlier).
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", default_value_t = 500)]
+    poll_interval: u64,
+    /// Milliseconds a claim, a shard or the leadership is leased for; a dead relay's work
+    /// moves on after this.
+    #[arg(long, env = "OUTBOX_LEASE_MS", default_value_t = 30_000)]
+    lease: u64,
+    /// Kafka's `message.timeout.ms`: how long one message may take to be acknowledged.
+    #[arg(long, env = "OUTBOX_MESSAGE_TIMEOUT_MS", default_value_t = 10_000)]
+    message_timeout: u64,
+    /// Attempts before an event is dead-lettered.
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
+    max_attempts: u32,
+    /// First retry delay in milliseconds (doubles per attempt, with jitter).
+    #[arg(long, env = "OUTBOX_RETRY_INITIAL_MS", default_value_t = 1_000)]
+    retry_initial: u64,
+    /// Longest retry delay in milliseconds.
+    #[arg(long, env = "OUTBOX_RETRY_MAX_MS", default_value_t = 300_000)]
+    retry_max: u64,
+    /// Ordered modes: let an aggregate's later events pass a dead-lettered one.
+    #[arg(long, env = "OUTBOX_SKIP_DEAD_LETTERS")]
+    skip_dead_letters: bool,
+    /// Delete rows once published instead of marking them.
+    #[arg(long, env = "OUTBOX_DELETE_PUBLISHED")]
+    delete_published: bool,
+    /// Delete published rows older than this many hours (in batches of 1,000).
+    #[arg(long, env = "OUTBOX_RETENTION_HOURS")]
+    retention_hours: Option<u64>,
+    /// This relay's id (default: host, pid and a random suffix).
+    #[arg(long, env = "OUTBOX_RELAY_ID")]
+    relay_id: Option<String>,
+    /// Prefix for every topic, e.g. `prod.`.
+    #[arg(long, env = "OUTBOX_TOPIC_PREFIX")]
+    topic_prefix: Option<String>,
+    /// Extra librdkafka producer settings, `key=value`, repeatable.
+    #[arg(long = "kafka-config", value_name = "KEY=VALUE")]
+    kafka_config: Vec<String>,
+    /// PostgreSQL: do not LISTEN for writers' notifications; poll only.
+    #[arg(long, env = "OUTBOX_NO_LISTEN")]
+    no_listen: bool,
+}
+
+/// An error for the operator: one line, saying what to do.
+struct Fatal(String);
+
+impl<E: std::fmt::Display> From<E> for Fatal {
+    fn from(e: E) -> Self {
+        Fatal(e.to_string())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Postgres,
+    Mysql,
+    Sqlite,
+}
+
+/// The backend a URL names, and the URL to give it.
+fn backend_of(url: &str) -> Result<(Backend, String), Fatal> {
+    if url.trim().is_empty() {
+        return Err(Fatal(
+            "the database URL is empty: pass --database-url or set DATABASE_URL".into(),
+        ));
+    }
+    if let Some((scheme, rest)) = url.split_once("://") {
+        return match scheme {
+            "postgres" | "postgresql" => Ok((Backend::Postgres, url.to_owned())),
+            "mysql" | "mariadb" => Ok((Backend::Mysql, format!("mysql://{rest}"))),
+            "sqlite" | "file" => Ok((Backend::Sqlite, rest.to_owned())),
+            other => Err(Fatal(format!(
+                "unsupported database URL scheme `{other}`: use postgres://…, mysql://… or an SQLite file path"
+            ))),
+        };
+    }
+    Ok((Backend::Sqlite, url.to_owned()))
+}
+
+fn describe(url: &str) -> String {
+    // Hide a password in messages.
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((_, host)) => format!("{scheme}://…@{host}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+async fn migrate(url: &str) -> Result<Vec<&'static str>, Fatal> {
+    let (backend, url) = backend_of(url)?;
+    let unreachable = |e: diesel::ConnectionError| {
+        Fatal(format!(
+            "cannot connect to {}: {e} (is the server up and the URL right?)",
+            describe(&url)
+        ))
+    };
+    let applied = match backend {
+        Backend::Postgres => {
+            let mut c = diesel_async::AsyncPgConnection::establish(&url)
+                .await
+                .map_err(unreachable)?;
+            outbox::migrations::run_async(&mut c).await?
+        }
+        Backend::Mysql => {
+            let mut c = diesel_async::AsyncMysqlConnection::establish(&url)
+                .await
+                .map_err(unreachable)?;
+            outbox::migrations::run_async(&mut c).await?
+        }
+        Backend::Sqlite => {
+            let mut c = sqlite_connection(&url).await?;
+            outbox::migrations::run_async(&mut c).await?
+        }
+    };
+    Ok(applied)
+}
+
+type SqliteAsync =
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+
+async fn sqlite_connection(path: &str) -> Result<SqliteAsync, Fatal> {
+    SqliteAsync::establish(path)
+        .await
+        .map_err(|e| Fatal(format!("cannot open the SQLite database `{path}`: {e}")))
+}
+
+#[derive(diesel::QueryableByName)]
+struct Version {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    version: String,
+}
+
+/// Fails with a clear instruction when the outbox tables are missing or not up to date.
+async fn check_migrated(url: &str) -> Result<(), Fatal> {
+    use diesel_async::RunQueryDsl;
+    let (backend, url) = backend_of(url)?;
+    let sql = "SELECT version FROM __diesel_schema_migrations";
+    let unreachable = |e: diesel::ConnectionError| {
+        Fatal(format!(
+            "cannot connect to {}: {e} (is the server up and the URL right?)",
+            describe(&url)
+        ))
+    };
+    let (found, wanted): (Result<Vec<Version>, _>, Vec<&str>) = match backend {
+        Backend::Postgres => {
+            let mut c = diesel_async::AsyncPgConnection::establish(&url)
+                .await
+                .map_err(unreachable)?;
+            let wanted = outbox::migrations::list::<diesel::pg::Pg>()
+                .iter()
+                .map(|m| m.version)
+                .collect();
+            (diesel::sql_query(sql).load(&mut c).await, wanted)
+        }
+        Backend::Mysql => {
+            let mut c = diesel_async::AsyncMysqlConnection::establish(&url)
+                .await
+                .map_err(unreachable)?;
+            let wanted = outbox::migrations::list::<diesel::mysql::Mysql>()
+                .iter()
+                .map(|m| m.version)
+                .collect();
+            (diesel::sql_query(sql).load(&mut c).await, wanted)
+        }
+        Backend::Sqlite => {
+            if !std::path::Path::new(&url).exists() {
+                return Err(Fatal(format!(
+                    "the SQLite database `{url}` does not exist: run `outbox migrate --database-url {url}` first"
+                )));
+            }
+            let mut c = sqlite_connection(&url).await?;
+            let wanted = outbox::migrations::list::<diesel::sqlite::Sqlite>()
+                .iter()
+                .map(|m| m.version)
+                .collect();
+            (diesel::sql_query(sql).load(&mut c).await, wanted)
+        }
+    };
+    let found: Vec<String> = found
+        .map(|v| v.into_iter().map(|v| v.version).collect())
+        .unwrap_or_default();
+    let missing: Vec<&str> = wanted
+        .into_iter()
+        .filter(|w| !found.iter().any(|f| f == w))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Fatal(format!(
+            "the outbox tables in {} are missing or out of date (migrations {} not applied): run `outbox migrate --database-url …` first",
+            describe(&url),
+            missing.join(", ")
+        )))
+    }
+}
+
+async fn relay(args: RelayArgs) -> Result<(), Fatal> {
+    let (backend, url) = backend_of(&args.database_url)?;
+    let mut builder = KafkaPublisher::builder()
+        .brokers(args.brokers.clone())
+        .message_timeout(Duration::from_millis(args.message_timeout));
+    if let Some(prefix) = &args.topic_prefix {
+        builder = builder.topic_prefix(prefix.clone());
+    }
+    for kv in &args.kafka_config {
+        let Some((k, v)) = kv.split_once('=') else {
+            return Err(Fatal(format!("--kafka-config `{kv}` is not KEY=VALUE")));
+        };
+        builder = builder.set(k.trim(), v.trim());
+    }
+    let publisher = builder.build()?;
+    let publish_timeout = publisher.publish_timeout();
+    let lease = Duration::from_millis(args.lease);
+    if publish_timeout >= lease {
+        return Err(Fatal(format!(
+            "--lease ({} ms) must be longer than a publish can take ({} ms with --message-timeout {} ms): raise --lease or lower --message-timeout",
+            args.lease,
+            publish_timeout.as_millis(),
+            args.message_timeout
+        )));
+    }
+    check_migrated(&args.database_url).await?;
+    publisher
+        .check_reachable(Duration::from_secs(10))
+        .await
+        .map_err(|e| Fatal(format!("{e} (check --brokers / KAFKA_BROKERS)")))?;
+
+    let mut config = RelayConfig {
+        mode: args.mode,
+        batch_size: args.batch_size,
+        poll_interval: Duration::from_millis(args.poll_interval),
+        lease,
+        publish_timeout,
+        max_attempts: args.max_attempts,
+        completion: if args.delete_published {
+            Completion::Delete
+        } else {
+            Completion::MarkPublished
+        },
+        dead_letters: if args.skip_dead_letters {
+            DeadLetterPolicy::Skip
+        } else {
+            DeadLetterPolicy::Block
+        },
+        retention: args.retention_hours.map(|h| Retention {
+            keep: Duration::from_secs(h * 3600),
+            batch: 1_000,
+            every: Duration::from_secs(60),
+        }),
+        ..RelayConfig::default()
+    };
+    config.backoff.initial = Duration::from_millis(args.retry_initial);
+    config.backoff.max = Duration::from_millis(args.retry_max);
+    if let Some(id) = args.relay_id {
+        config.relay_id = id;
+    }
+    config.validate().map_err(Fatal)?;
+    tracing::info!(
+        relay = %config.relay_id, mode = ?config.mode, database = %describe(&url),
+        brokers = %args.brokers, "starting relay"
+    );
+    let statement_timeout = lease / 3;
+    match backend {
+        Backend::Postgres => {
+            let store = PgRelayStore::new(url)
+                .listen(!args.no_listen)
+                .statement_timeout(statement_timeout);
+            run(store, publisher, config).await
+        }
+        Backend::Mysql => run(MysqlRelayStore::new(url), publisher, config).await,
+        Backend::Sqlite => run(SqliteRelayStore::new(url), publisher, config).await,
+    }
+}
+
+async fn run<S: RelayStore>(
+    store: S,
+    publisher: KafkaPublisher,
+    config: RelayConfig,
+) -> Result<(), Fatal> {
+    let relay = Relay::new(store, publisher, config).map_err(Fatal)?;
+    relay.run(shutdown_signal()).await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down: finishing the batch in flight");
+}
+
+#[derive(diesel::QueryableByName, Debug)]
+struct StatusRow {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pending: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    in_flight: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    dead: i64,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    oldest_pending: Option<String>,
+}
+
+#[derive(diesel::QueryableByName, Debug)]
+struct OwnerRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    owner: String,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    shards: i64,
+}
+
+async fn status(url: &str) -> Result<(), Fatal> {
+    use diesel_async::RunQueryDsl;
+    check_migrated(url).await?;
+    let (backend, url) = backend_of(url)?;
+    let counts = "SELECT \
+        SUM(CASE WHEN published_at IS NULL AND dead_at IS NULL THEN 1 ELSE 0 END) AS pending, \
+        SUM(CASE WHEN published_at IS NULL AND dead_at IS NULL AND locked_by IS NOT NULL THEN 1 ELSE 0 END) AS in_flight, \
+        SUM(CASE WHEN dead_at IS NOT NULL AND published_at IS NULL THEN 1 ELSE 0 END) AS dead, \
+        CAST(MIN(CASE WHEN published_at IS NULL AND dead_at IS NULL THEN created_at END) AS CHAR(40)) AS oldest_pending \
+        FROM outbox_events";
+    let counts_pg = "SELECT \
+        COUNT(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL) AS pending, \
+        COUNT(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL AND locked_by IS NOT NULL) AS in_flight, \
+        COUNT(*) FILTER (WHERE dead_at IS NOT NULL AND published_at IS NULL) AS dead, \
+        MIN(created_at) FILTER (WHERE published_at IS NULL AND dead_at IS NULL)::text AS oldest_pending \
+        FROM outbox_events";
+    let owners = "SELECT owner, COUNT(*) AS shards FROM outbox_shard_leases \
+        WHERE owner IS NOT NULL GROUP BY owner ORDER BY owner";
+    let unreachable =
+        |e: diesel::ConnectionError| Fatal(format!("cannot connect to {}: {e}", describe(&url)));
+    let (row, owners): (StatusRow, Vec<OwnerRow>) = match backend {
+        Backend::Postgres => {
+            let mut c = diesel_async::AsyncPgConnection::establish(&url)
+                .await
+                .map_err(unreachable)?;
+            (
+                diesel::sql_query(counts_pg).get_result(&mut c).await?,
+                diesel::sql_query(owners).load(&mut c).await?,
+            )
+        }
+        Backend::Mysql => {
+            let mut c = diesel_async::AsyncMysqlConnection::establish(&url)
+                .await
+                .map_err(unreachable)?;
+            let counts = counts
+                .replace("SUM(", "CAST(SUM(")
+                .replace(" AS pending", " AS SIGNED) AS pending")
+                .replace(" AS in_flight", " AS SIGNED) AS in_flight")
+                .replace(" AS dead,", " AS SIGNED) AS dead,");
+            (
+                diesel::sql_query(counts).get_result(&mut c).await?,
+                diesel::sql_query(owners).load(&mut c).await?,
+            )
+        }
+        Backend::Sqlite => {
+            let mut c = sqlite_connection(&url).await?;
+            let counts = counts
+                .replace("CAST(MIN(", "(MIN(")
+                .replace(" AS CHAR(40))", ")")
+                .replace("SUM(", "TOTAL(");
+            let counts = counts
+                .replace("TOTAL(", "CAST(TOTAL(")
+                .replace(" AS pending", " AS INTEGER) AS pending")
+                .replace(" AS in_flight", " AS INTEGER) AS in_flight")
+                .replace(" AS dead,", " AS INTEGER) AS dead,");
+            (
+                diesel::sql_query(counts).get_result(&mut c).await?,
+                diesel::sql_query(owners).load(&mut c).await?,
+            )
+        }
+    };
+    println!("pending:        {}", row.pending);
+    println!("in flight:      {}", row.in_flight);
+    println!("dead letters:   {}", row.dead);
+    println!(
+        "oldest pending: {}",
+        row.oldest_pending.as_deref().unwrap_or("-")
+    );
+    if owners.is_empty() {
+        println!("shard owners:   none");
+    } else {
+        for o in owners {
+            println!("shard owner:    {} ({} shards)", o.owner, o.shards);
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                // librdkafka repeats every broker-connection error many times a second; the
+                // relay reports what matters (failed publishes, outages) itself.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("info,librdkafka=error,rdkafka::client=off")
+                }),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Migrate { database_url } => {
+                let applied = migrate(&database_url).await?;
+                if applied.is_empty() {
+                    println!("the outbox tables are up to date");
+                } else {
+                    println!("applied migrations: {}", applied.join(", "));
+                }
+                Ok(())
+            }
+            Command::Relay(args) => relay(args).await,
+            Command::Status { database_url } => status(&database_url).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Fatal(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! End to end: `transaction_with_outbox` → `outbox relay` processes → a real Kafka-protocol
+//! broker → a real Kafka consumer. Relays are real processes, killed with SIGKILL where the
+//! test says so. Needs the brokers of `scripts/kafka.sh start` (the test command starts them).
+//!
+//! Run with `cargo test --all-features --test e2e`.
+#![allow(missing_docs)]
+
+#[path = "../integration/support.rs"]
+mod support;
+
+mod faults;
+mod harness;
+mod scenarios;
+
+diesel::table! {
+    orders (id) {
+        id -> BigInt,
+        total_cents -> BigInt,
+    }
+}
