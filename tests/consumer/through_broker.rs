@@ -432,6 +432,16 @@ impl ChildProcess {
     }
 }
 
+impl Drop for ChildProcess {
+    /// A test that fails leaves no child behind.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Not a test: the entry point of the child processes the tests above spawn, selected by
 /// `OUTBOX_TEST_CHILD`. Without it, it does nothing.
 #[test]
