@@ -8,7 +8,9 @@
 //!    neither the order nor the event was stored;
 //! 3. prints what the outbox table holds: the events a relay publishes next;
 //! 4. runs a relay that publishes them to an in-memory broker (the same relay publishes to
-//!    Kafka in production: see `examples/orders_kafka.rs`), and prints what the broker got.
+//!    Kafka in production: see `examples/orders_kafka.rs`), and prints what the broker got;
+//! 5. consumes every event **twice** (brokers deliver at least once) with an `#[idempotent]`
+//!    handler that writes an invoice, and shows each invoice written once.
 //!
 //! The point of the outbox: the event is a row in the same local transaction as the order, so
 //! there is never an order without its event, nor an event about an order that does not exist.
@@ -151,13 +153,59 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
          waiting in the outbox for a relay to publish it."
     );
 
-    relay_to_memory_broker(path.to_str().ok_or("non-UTF-8 temp path")?)?;
+    let broker = relay_to_memory_broker(path.to_str().ok_or("non-UTF-8 temp path")?)?;
+    consume_twice(&mut conn, &broker)?;
+    Ok(())
+}
+
+/// The consumer's effect: one invoice per order. `#[idempotent]` runs the body in a
+/// transaction that first records `("invoicing", event id)` in the inbox table; a message seen
+/// before returns `Outcome::Duplicate` without running the body, so redeliveries are harmless.
+#[idempotent(consumer = "invoicing")]
+fn invoice(conn: &mut SqliteConnection, event: Envelope<OrderCreated>) -> Result<(), AppError> {
+    diesel::sql_query("INSERT INTO invoices (order_id, total_cents) VALUES (?, ?)")
+        .bind::<diesel::sql_types::BigInt, _>(event.order_id)
+        .bind::<diesel::sql_types::BigInt, _>(event.total_cents)
+        .execute(conn)?;
+    Ok(())
+}
+
+/// Step 5: every event delivered twice, each invoice written once.
+fn consume_twice(
+    conn: &mut SqliteConnection,
+    broker: &outbox::relay::MemoryBroker,
+) -> Result<(), Box<dyn std::error::Error>> {
+    println!("\n5. Consuming every event twice, as an at-least-once broker may deliver them.");
+    diesel::sql_query(
+        "CREATE TABLE invoices (order_id BIGINT NOT NULL, total_cents BIGINT NOT NULL)",
+    )
+    .execute(conn)?;
+    let records = broker.records("order");
+    for record in records.iter().chain(records.iter()) {
+        let event = Envelope::<OrderCreated>::from_record(record)?;
+        let order_id = event.order_id;
+        let outcome = invoice(conn, event)?;
+        println!("   event {} (order {order_id}) -> {outcome:?}", record.id);
+    }
+    let invoices: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+        "(SELECT COUNT(*) FROM invoices)",
+    ))
+    .get_result(conn)?;
+    println!(
+        "   {} deliveries, {invoices} invoices: each effect applied exactly once.",
+        records.len() * 2
+    );
+    if invoices != records.len() as i64 {
+        return Err("expected one invoice per order".into());
+    }
     Ok(())
 }
 
 /// Step 4: a relay claims the committed events, publishes them (here to the in-memory broker),
 /// and marks them published. It runs until the outbox is drained, then shuts down gracefully.
-fn relay_to_memory_broker(database: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn relay_to_memory_broker(
+    database: &str,
+) -> Result<std::sync::Arc<outbox::relay::MemoryBroker>, Box<dyn std::error::Error>> {
     use outbox::relay::{MemoryBroker, Relay, RelayConfig, SqliteRelayStore};
     use std::sync::Arc;
     use std::time::Duration;
@@ -194,7 +242,7 @@ fn relay_to_memory_broker(database: &str) -> Result<(), Box<dyn std::error::Erro
     if published != 2 {
         return Err("expected the relay to publish exactly the two committed events".into());
     }
-    Ok(())
+    Ok(broker)
 }
 
 #[derive(QueryableByName)]
