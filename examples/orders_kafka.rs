@@ -81,7 +81,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             })?;
             Ok::<_, outbox::Error>(())
         })?;
-        placed.push(order_id);
+        placed.push(order_id.to_string()); // the aggregate id, as the outbox stores it
     }
     println!(
         "1. placed {} orders, each committed with its OrderPlaced event",
@@ -100,14 +100,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let relay = Relay::new(PgRelayStore::new(database_url.clone()), publisher, config)?;
     let stats = relay.stats();
-    let pending = move || -> Result<i64, Box<dyn std::error::Error>> {
-        let mut c = PgConnection::establish(&database_url)?;
-        Ok(diesel::sql_query(
-            "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NULL AND id = ANY($1)",
+    let pending = move || -> Result<i64, String> {
+        let mut c = PgConnection::establish(&database_url).map_err(|e| e.to_string())?;
+        diesel::sql_query(
+            "SELECT COUNT(*) AS n FROM outbox_events \
+             WHERE published_at IS NULL AND aggregate_type = 'order' AND aggregate_id = ANY($1)",
         )
-        .bind::<diesel::sql_types::Array<diesel::sql_types::Uuid>, _>(&placed)
-        .get_result::<Count>(&mut c)?
-        .n)
+        .bind::<diesel::sql_types::Array<diesel::sql_types::Text>, _>(&placed)
+        .get_result::<Count>(&mut c)
+        .map(|c| c.n)
+        .map_err(|e| e.to_string())
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
