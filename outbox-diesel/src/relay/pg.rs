@@ -28,17 +28,21 @@ const RETURNING: &str = "RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id
 /// Unordered: any pending, unleased rows; rows another relay is claiming are skipped.
 pub const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
      SET locked_by = $1, locked_until = now() + make_interval(secs => $2), attempts = o.attempts + 1 \
-     FROM (SELECT seq FROM outbox_events \
+     WHERE o.seq = ANY(ARRAY(SELECT seq FROM outbox_events \
            WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now() \
              AND (locked_until IS NULL OR locked_until < now()) \
-           ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED) c \
-     WHERE o.seq = c.seq ";
+           ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED)) ";
 
 /// Ordered: a row qualifies only if no earlier pending row of its aggregate is blocked
 /// (leased by someone, or waiting for a retry) and, when `$6`, no earlier one is dead.
 /// `$4`: only shards this relay holds a live lease on; `$5`: only while it holds the
 /// leadership lease. No SKIP LOCKED: skipping a locked earlier row could let a later one of
 /// the same aggregate through; a brief wait is the price of order.
+///
+/// The claimed rows are updated through `o.seq = ANY(ARRAY(...))`, which always reads them by
+/// primary key; joined as `FROM (...) c WHERE o.seq = c.seq` the update was planned (on a
+/// one-row estimate) as a sequential scan per claimed row, measured by the benchmark at 60 ms
+/// to 280 ms per claim of 1,000.
 ///
 /// The head-of-line checks are scalar subqueries with `LIMIT 1` on small partial indexes
 /// (`outbox_events_inflight_aggregate`: only rows that are or were in flight can block;
@@ -49,7 +53,7 @@ pub const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
 /// pending; this one stayed at a few milliseconds, analysed or not.
 pub const CLAIM_ORDERED: &str = "UPDATE outbox_events o \
      SET locked_by = $1, locked_until = now() + make_interval(secs => $2), attempts = o.attempts + 1 \
-     FROM (SELECT e.seq FROM outbox_events e \
+     WHERE o.seq = ANY(ARRAY(SELECT e.seq FROM outbox_events e \
            WHERE e.published_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now() \
              AND (e.locked_until IS NULL OR e.locked_until < now()) \
              AND (NOT $4 OR e.shard IN (SELECT shard FROM outbox_shard_leases \
@@ -66,8 +70,7 @@ pub const CLAIM_ORDERED: &str = "UPDATE outbox_events o \
                   WHERE d.aggregate_type = e.aggregate_type AND d.aggregate_id = e.aggregate_id \
                     AND d.seq < e.seq AND d.dead_at IS NOT NULL AND d.published_at IS NULL \
                   LIMIT 1) IS NULL) \
-           ORDER BY e.seq LIMIT $3 FOR UPDATE OF e) c \
-     WHERE o.seq = c.seq ";
+           ORDER BY e.seq LIMIT $3 FOR UPDATE OF e)) ";
 
 const COMPLETE_MARK: &str = "UPDATE outbox_events \
      SET published_at = now(), locked_by = NULL, locked_until = NULL \
