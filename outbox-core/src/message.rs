@@ -98,6 +98,17 @@ impl NewMessage {
     }
 
     /// The headers as JSON text, as stored in the `headers` column.
+    ///
+    /// ```
+    /// # use outbox_core as outbox;
+    /// # #[derive(serde::Serialize, outbox_core::OutboxEvent)]
+    /// # #[outbox(crate = outbox_core, aggregate = "order")]
+    /// # struct OrderCreated { #[outbox(aggregate_id)] id: u32 }
+    /// let mut headers = outbox_core::Headers::new();
+    /// headers.insert("traceparent".into(), "00-abc-def-01".into());
+    /// let msg = outbox_core::NewMessage::from_event(&OrderCreated { id: 1 }, headers).unwrap();
+    /// assert_eq!(msg.headers_json(), r#"{"traceparent":"00-abc-def-01"}"#);
+    /// ```
     pub fn headers_json(&self) -> String {
         // A map of strings to strings always serialises.
         serde_json::to_string(&self.headers).unwrap_or_else(|_| String::from("{}"))
@@ -106,6 +117,11 @@ impl NewMessage {
 
 /// The current time truncated to microseconds, the precision every backend stores, so that
 /// what is written reads back equal.
+///
+/// ```
+/// let t = outbox_core::now_micros();
+/// assert_eq!(t.timestamp_subsec_nanos() % 1_000, 0);
+/// ```
 pub fn now_micros() -> DateTime<Utc> {
     let now = Utc::now();
     DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now)

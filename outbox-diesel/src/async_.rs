@@ -137,6 +137,20 @@ where
 /// The async twin of [`publish`](crate::publish): publishes `event` on a diesel-async
 /// connection that is already inside a transaction; outside one it returns
 /// [`Error::NotInTransaction`] and writes nothing.
+///
+/// ```
+/// # include!("doctest_setup.rs");
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let mut conn = establish_async().await;
+/// use diesel_async::AsyncConnection;
+/// let event = OrderCreated { order_id: 7, total_cents: 500 };
+/// conn.transaction(async |c| outbox_diesel::publish_async(c, &event).await).await?;
+/// let outside = outbox_diesel::publish_async(&mut conn, &event).await;
+/// assert!(matches!(outside, Err(outbox_core::Error::NotInTransaction)));
+/// # Ok(())
+/// # }
+/// ```
 pub async fn publish_async<C, E>(conn: &mut C, event: &E) -> Result<(), Error>
 where
     C: AsyncConnection<Backend: OutboxBackend>,
@@ -146,6 +160,23 @@ where
 }
 
 /// [`publish_async`] with headers for the event.
+///
+/// ```
+/// # include!("doctest_setup.rs");
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let mut conn = establish_async().await;
+/// use diesel_async::AsyncConnection;
+/// let event = OrderCreated { order_id: 7, total_cents: 500 };
+/// conn.transaction(async |c| {
+///     let mut headers = outbox_core::Headers::new();
+///     headers.insert("correlation-id".into(), "req-7".into());
+///     outbox_diesel::publish_with_headers_async(c, &event, headers).await
+/// })
+/// .await?;
+/// # Ok(())
+/// # }
+/// ```
 pub async fn publish_with_headers_async<C, E>(
     conn: &mut C,
     event: &E,

@@ -115,6 +115,20 @@ where
 }
 
 /// [`publish`] with headers for the event.
+///
+/// ```
+/// # include!("doctest_setup.rs");
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let mut conn = establish();
+/// use diesel::Connection;
+/// let mut headers = outbox_core::Headers::new();
+/// headers.insert("correlation-id".into(), "req-7".into());
+/// let event = OrderCreated { order_id: 7, total_cents: 500 };
+/// conn.transaction(|conn| outbox_diesel::publish_with_headers(conn, &event, headers))?;
+/// assert_eq!(count_events(&mut conn), 1);
+/// # Ok(())
+/// # }
+/// ```
 pub fn publish_with_headers<C, E>(conn: &mut C, event: &E, headers: Headers) -> Result<(), Error>
 where
     C: Connection<Backend: OutboxBackend>,

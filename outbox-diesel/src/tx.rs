@@ -31,6 +31,22 @@ impl<'c, C> OutboxTx<'c, C> {
     }
 
     /// The connection, for Diesel queries: `diesel::insert_into(t).values(v).execute(tx.conn())`.
+    ///
+    /// ```
+    /// # include!("doctest_setup.rs");
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let mut conn = establish();
+    /// use outbox_diesel::OutboxConnection;
+    /// conn.transaction_with_outbox(|tx| {
+    ///     diesel::RunQueryDsl::execute(
+    ///         diesel::sql_query("INSERT INTO orders (id, total_cents) VALUES (5, 10)"),
+    ///         tx.conn(),
+    ///     )?;
+    ///     Ok::<_, outbox_core::Error>(())
+    /// })?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn conn(&mut self) -> &mut C {
         self.conn
     }
@@ -43,6 +59,21 @@ impl<'c, C> OutboxTx<'c, C> {
     /// serialise ([`Error::Serialize`], naming the event type) or the event is invalid (e.g. an
     /// empty aggregate id). Returning that error from the closure rolls the whole transaction
     /// back.
+    ///
+    /// ```
+    /// # include!("doctest_setup.rs");
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let mut conn = establish();
+    /// use outbox_diesel::OutboxConnection;
+    /// conn.transaction_with_outbox(|tx| {
+    ///     tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
+    ///     assert_eq!(tx.pending().len(), 1); // written just before COMMIT
+    ///     Ok::<_, outbox_core::Error>(())
+    /// })?;
+    /// assert_eq!(count_events(&mut conn), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn publish<E: OutboxEvent + ?Sized>(&mut self, event: &E) -> Result<(), Error> {
         self.publish_with_headers(event, Headers::new())
     }
@@ -50,6 +81,22 @@ impl<'c, C> OutboxTx<'c, C> {
     /// [`publish`](OutboxTx::publish) with extra headers for this event (they override the
     /// transaction's default headers of the same name). Headers travel to Kafka as message
     /// headers, e.g. a `traceparent` or a correlation id.
+    ///
+    /// ```
+    /// # include!("doctest_setup.rs");
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let mut conn = establish();
+    /// use outbox_diesel::OutboxConnection;
+    /// conn.transaction_with_outbox(|tx| {
+    ///     let mut headers = outbox_core::Headers::new();
+    ///     headers.insert("traceparent".into(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
+    ///     tx.publish_with_headers(&OrderCreated { order_id: 1, total_cents: 100 }, headers)?;
+    ///     assert!(tx.pending()[0].headers.contains_key("traceparent"));
+    ///     Ok::<_, outbox_core::Error>(())
+    /// })?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn publish_with_headers<E: OutboxEvent + ?Sized>(
         &mut self,
         event: &E,
@@ -63,11 +110,42 @@ impl<'c, C> OutboxTx<'c, C> {
     }
 
     /// Sets a header on every event published after this call in this transaction.
+    ///
+    /// ```
+    /// # include!("doctest_setup.rs");
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let mut conn = establish();
+    /// use outbox_diesel::OutboxConnection;
+    /// conn.transaction_with_outbox(|tx| {
+    ///     tx.set_header("correlation-id", "req-42");
+    ///     tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
+    ///     tx.publish(&OrderCreated { order_id: 2, total_cents: 200 })?;
+    ///     assert!(tx.pending().iter().all(|m| m.headers["correlation-id"] == "req-42"));
+    ///     Ok::<_, outbox_core::Error>(())
+    /// })?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn set_header(&mut self, name: impl Into<String>, value: impl Into<String>) {
         self.headers.insert(name.into(), value.into());
     }
 
     /// The events published so far and not yet written.
+    ///
+    /// ```
+    /// # include!("doctest_setup.rs");
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let mut conn = establish();
+    /// use outbox_diesel::OutboxConnection;
+    /// conn.transaction_with_outbox(|tx| {
+    ///     assert!(tx.pending().is_empty());
+    ///     tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
+    ///     assert_eq!(tx.pending()[0].event_type, "OrderCreated");
+    ///     Ok::<_, outbox_core::Error>(())
+    /// })?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn pending(&self) -> &[NewMessage] {
         &self.pending
     }
