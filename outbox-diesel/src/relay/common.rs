@@ -135,3 +135,25 @@ impl ClaimedColumns {
         }
     }
 }
+
+/// One shard number, as the shard statements return it.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct ShardRow {
+    #[diesel(sql_type = diesel::sql_types::SmallInt)]
+    pub shard: i16,
+}
+
+/// `SELECT COUNT(*) AS n`.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct CountRow {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub n: i64,
+}
+
+/// The holder of the leadership lease.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct HolderRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    #[allow(dead_code)] // PostgreSQL and SQLite only test that a row came back
+    pub holder: String,
+}

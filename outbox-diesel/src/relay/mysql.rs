@@ -13,7 +13,8 @@ use outbox_core::relay::{
 };
 
 use super::common::{
-    ClaimedColumns, IN_LIST_MAX, connect_error, fair_share, micros, parse_id, placeholders,
+    ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, ShardRow, connect_error, fair_share, micros,
+    parse_id, placeholders,
 };
 
 /// Session settings of relay connections, one statement each.
@@ -228,24 +229,6 @@ impl Row {
 struct SeqRow {
     #[diesel(sql_type = BigInt)]
     seq: i64,
-}
-
-#[derive(QueryableByName)]
-struct ShardRow {
-    #[diesel(sql_type = SmallInt)]
-    shard: i16,
-}
-
-#[derive(QueryableByName)]
-struct CountRow {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-#[derive(QueryableByName)]
-struct HolderRow {
-    #[diesel(sql_type = Text)]
-    holder: String,
 }
 
 /// `prefix` + `?, …` for `values` + `suffix`, with `bind` applied to the prefix's own binds

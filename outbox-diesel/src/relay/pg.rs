@@ -10,7 +10,9 @@ use outbox_core::relay::{
     Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
 };
 
-use super::common::{ClaimedColumns, connect_error, fair_share, secs};
+use super::common::{
+    ClaimedColumns, CountRow, HolderRow, ShardRow, connect_error, fair_share, secs,
+};
 
 /// The channel writers notify and relays listen on.
 pub const NOTIFY_CHANNEL: &str = "outbox_events";
@@ -146,25 +148,6 @@ impl From<Row> for OutboxMessage {
     fn from(r: Row) -> Self {
         r.columns.into_message(r.id, r.created_at)
     }
-}
-
-#[derive(QueryableByName)]
-struct ShardRow {
-    #[diesel(sql_type = SmallInt)]
-    shard: i16,
-}
-
-#[derive(QueryableByName)]
-struct CountRow {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-#[derive(QueryableByName)]
-struct HolderRow {
-    #[diesel(sql_type = Text)]
-    #[allow(dead_code)]
-    holder: String,
 }
 
 /// The relay store on PostgreSQL: `FOR UPDATE SKIP LOCKED` claims for unordered mode,

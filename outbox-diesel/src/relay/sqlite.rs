@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{BigInt, Bool, SmallInt, Text, Timestamp};
+use diesel::sql_types::{BigInt, Bool, Text, Timestamp};
 use diesel::sqlite::Sqlite;
 use diesel::{QueryableByName, RunQueryDsl, SqliteConnection};
 use diesel_async::AsyncConnection;
@@ -14,7 +14,8 @@ use outbox_core::relay::{
 };
 
 use super::common::{
-    ClaimedColumns, IN_LIST_MAX, MAX_INTERVAL, connect_error, fair_share, parse_id, placeholders,
+    ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, MAX_INTERVAL, ShardRow, connect_error,
+    fair_share, parse_id, placeholders,
 };
 use crate::backend::sqlite_timestamp;
 
@@ -144,25 +145,6 @@ impl Row {
         let id = parse_id(self.columns.seq, &self.id)?;
         Ok(self.columns.into_message(id, self.created_at.and_utc()))
     }
-}
-
-#[derive(QueryableByName)]
-struct ShardRow {
-    #[diesel(sql_type = SmallInt)]
-    shard: i16,
-}
-
-#[derive(QueryableByName)]
-struct CountRow {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-#[derive(QueryableByName)]
-struct HolderRow {
-    #[diesel(sql_type = Text)]
-    #[allow(dead_code)]
-    holder: String,
 }
 
 /// `at + d` as stored (`d` clamped to a century).
