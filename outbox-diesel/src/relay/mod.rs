@@ -29,9 +29,13 @@ pub use pg::PgRelayStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteRelayStore;
 
-/// The claim statements, for tests that inspect their plans. Not public API.
+/// The claim statements and the relay session's settings, for tests that inspect their plans.
+/// Not public API.
 #[doc(hidden)]
 pub mod __sql {
     #[cfg(feature = "postgres_backend")]
-    pub use super::pg::{CLAIM_ORDERED as PG_CLAIM_ORDERED, CLAIM_UNORDERED as PG_CLAIM_UNORDERED};
+    pub use super::pg::{
+        CLAIM_ORDERED as PG_CLAIM_ORDERED, CLAIM_UNORDERED as PG_CLAIM_UNORDERED,
+        SESSION_SQL as PG_SESSION_SQL,
+    };
 }
