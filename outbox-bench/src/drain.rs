@@ -14,7 +14,8 @@ use outbox::relay::{
 
 use crate::common::*;
 
-struct Null;
+/// A publisher that acknowledges everything at once: the database side alone.
+pub struct Null;
 
 impl Publisher for Null {
     async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Delivery> {
@@ -22,22 +23,33 @@ impl Publisher for Null {
     }
 }
 
+/// Where a drain publishes.
 #[derive(Clone, Copy, Debug)]
-enum Sink {
+pub enum Sink {
+    /// [`Null`].
     Null,
+    /// The in-memory broker.
     Memory,
+    /// The Kafka-protocol broker.
     Kafka,
 }
 
-struct Drain {
-    rate: f64,
+/// One drain's figures.
+pub struct Drain {
+    /// Events per second.
+    pub rate: f64,
     /// Events published, if the drain was stopped at the time cap before the end.
-    capped: Option<u64>,
-    pg_cpu: f64,
-    bench_cpu: f64,
+    pub capped: Option<u64>,
+    /// CPU seconds of all `postgres` processes during the drain.
+    pub pg_cpu: f64,
+    /// CPU seconds of this process during the drain.
+    pub bench_cpu: f64,
+    /// (seconds since the start, events published so far), every 100 ms (ours only).
+    pub series: Vec<(f64, u64)>,
 }
 
-fn reset_outbox(conn: &mut PgConnection) {
+/// Empties the outbox and the relay coordination tables, then copies the template back in.
+pub fn reset_outbox(conn: &mut PgConnection) {
     exec(conn, "TRUNCATE outbox_events");
     exec(
         conn,
@@ -55,7 +67,8 @@ fn reset_outbox(conn: &mut PgConnection) {
     exec(conn, "ANALYZE outbox_events");
 }
 
-fn pending(conn: &mut PgConnection) -> i64 {
+/// Pending events.
+pub fn pending(conn: &mut PgConnection) -> i64 {
     #[derive(QueryableByName)]
     struct C {
         #[diesel(sql_type = BigInt)]
@@ -70,7 +83,7 @@ fn pending(conn: &mut PgConnection) -> i64 {
 }
 
 /// Fills the template of `n` events over 1,000 aggregates, through `transaction_with_outbox`.
-fn fill_template(conn: &mut PgConnection, n: usize) {
+pub fn fill_template(conn: &mut PgConnection, n: usize) {
     exec(conn, "DROP TABLE IF EXISTS bench_template");
     exec(conn, "TRUNCATE outbox_events");
     let mut left = n;
@@ -100,7 +113,8 @@ fn fill_template(conn: &mut PgConnection, n: usize) {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn drain_ours(
+/// Drains the backlog with `relays` relays of ours; stops at `cap`.
+pub async fn drain_ours(
     url: &str,
     mode: Mode,
     relays: usize,
@@ -151,16 +165,22 @@ async fn drain_ours(
     let _ = &done;
     let timeout = start + cap;
     let mut published: u64;
+    let mut series = vec![(0.0, 0)];
     loop {
         published = all_stats
             .iter()
             .map(|s| s.published.load(Ordering::Relaxed))
             .sum();
+        let t = start.elapsed().as_secs_f64();
+        if t >= series.last().map_or(0.0, |s| s.0) + 0.1 {
+            series.push((t, published));
+        }
         if published >= n as u64 || Instant::now() > timeout {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    series.push((start.elapsed().as_secs_f64(), published));
     let elapsed = start.elapsed().as_secs_f64();
     let (pg1, me1) = cpu_secs();
     stop.notify_waiters();
@@ -178,12 +198,13 @@ async fn drain_ours(
         capped,
         pg_cpu: pg1 - pg0,
         bench_cpu: me1 - me0,
+        series,
     }
 }
 
 /// The textbook relay: one transaction per batch of 100 that selects `FOR UPDATE SKIP LOCKED`,
 /// publishes each row inside it (to the null publisher) and UPDATEs each row one by one.
-fn drain_textbook(url: &str, relays: usize, n: i64) -> Drain {
+pub fn drain_textbook(url: &str, relays: usize, n: i64) -> Drain {
     #[derive(QueryableByName)]
     #[allow(dead_code)]
     struct Row {
@@ -237,12 +258,13 @@ fn drain_textbook(url: &str, relays: usize, n: i64) -> Drain {
         capped: None,
         pg_cpu: pg1 - pg0,
         bench_cpu: me1 - me0,
+        series: Vec::new(),
     }
 }
 
 /// The SQL ceiling: a set-based claim (lease UPDATE over SKIP LOCKED) and a set-based mark,
 /// two autocommit statements per batch, no publishing.
-fn drain_ceiling(url: &str, relays: usize, batch: usize, n: i64) -> Drain {
+pub fn drain_ceiling(url: &str, relays: usize, batch: usize, n: i64) -> Drain {
     #[derive(QueryableByName)]
     struct Seq {
         #[diesel(sql_type = BigInt)]
@@ -289,6 +311,7 @@ fn drain_ceiling(url: &str, relays: usize, batch: usize, n: i64) -> Drain {
         capped: None,
         pg_cpu: pg1 - pg0,
         bench_cpu: me1 - me0,
+        series: Vec::new(),
     }
 }
 
