@@ -31,6 +31,9 @@ struct Args {
     /// Where to write the report (the PNG plots go next to it).
     #[arg(long, default_value = "docs/BENCHMARKS.md")]
     out: String,
+    /// Run only these sections (comma-separated: write, drain, …); all when empty.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 fn main() {
@@ -99,8 +102,13 @@ fn main() {
         out_dir,
         rt,
     };
-    write::section(&ctx, &mut md);
-    drain::section(&ctx, &mut md);
+    let on = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
+    if on("write") {
+        write::section(&ctx, &mut md);
+    }
+    if on("drain") {
+        drain::section(&ctx, &mut md);
+    }
     drop(ctx);
     exec(&mut admin, &format!("DROP DATABASE {db} WITH (FORCE)"));
     std::fs::write(&args.out, &md).expect("write report");
