@@ -82,33 +82,58 @@ pub fn exec(conn: &mut PgConnection, sql: &str) {
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
-/// CPU seconds (user + system) of all `postgres` processes and of this process.
-pub fn cpu_secs() -> (f64, f64) {
-    let tick = 100.0; // USER_HZ on Linux
-    let read = |path: &std::path::Path| -> Option<(String, f64)> {
-        let s = std::fs::read_to_string(path).ok()?;
-        let open = s.find('(')?;
-        let close = s.rfind(')')?;
-        let comm = s[open + 1..close].to_string();
-        let f: Vec<&str> = s[close + 2..].split(' ').collect();
-        let ut: f64 = f.get(11)?.parse().ok()?;
-        let st: f64 = f.get(12)?.parse().ok()?;
-        Some((comm, (ut + st) / tick))
-    };
-    let mut pg = 0.0;
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            if let Some((comm, t)) = read(&e.path().join("stat"))
-                && comm.starts_with("postgres")
-            {
-                pg += t;
-            }
-        }
-    }
-    let me = read(std::path::Path::new("/proc/self/stat")).map_or(0.0, |x| x.1);
-    (pg, me)
+/// CPU seconds (user + system) so far of each `postgres` process and of this process, from
+/// /proc. Compare two with [`Cpu::since`].
+pub struct Cpu {
+    pg: std::collections::HashMap<u32, f64>,
+    me: f64,
 }
 
+impl Cpu {
+    /// A snapshot now.
+    pub fn now() -> Cpu {
+        let tick = 100.0; // USER_HZ on Linux
+        let read = |path: &std::path::Path| -> Option<(String, f64)> {
+            let s = std::fs::read_to_string(path).ok()?;
+            let open = s.find('(')?;
+            let close = s.rfind(')')?;
+            let comm = s[open + 1..close].to_string();
+            let f: Vec<&str> = s[close + 2..].split(' ').collect();
+            let ut: f64 = f.get(11)?.parse().ok()?;
+            let st: f64 = f.get(12)?.parse().ok()?;
+            Some((comm, (ut + st) / tick))
+        };
+        let mut pg = std::collections::HashMap::new();
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                    continue;
+                };
+                if let Some((comm, t)) = read(&e.path().join("stat"))
+                    && comm.starts_with("postgres")
+                {
+                    pg.insert(pid, t);
+                }
+            }
+        }
+        let me = read(std::path::Path::new("/proc/self/stat")).map_or(0.0, |x| x.1);
+        Cpu { pg, me }
+    }
+
+    /// (postgres, this process) CPU seconds used between `earlier` and this snapshot.
+    /// Processes that started in between count in full; ones that ended in between are lost
+    /// (an undercount, never a negative figure).
+    pub fn since(&self, earlier: &Cpu) -> (f64, f64) {
+        let pg = self
+            .pg
+            .iter()
+            .map(|(pid, t)| t - earlier.pg.get(pid).copied().unwrap_or(0.0))
+            .sum();
+        (pg, self.me - earlier.me)
+    }
+}
+
+/// Formats a figure with thousands separators.
 pub fn fmt_n(x: f64) -> String {
     let n = x.round() as i64;
     let s = n.abs().to_string();
