@@ -2,7 +2,7 @@
 //! types and the migrations.
 
 use diesel::backend::Backend;
-use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::query_builder::{AstPass, BoxedSqlQuery, QueryFragment, QueryId, SqlQuery};
 use std::time::Duration;
 
 use diesel::sql_types::{BigInt, Integer, Nullable, SmallInt, Text};
@@ -43,9 +43,22 @@ pub trait OutboxBackend: Backend + private::Sealed {
     #[doc(hidden)]
     const NOTIFY_SQL: Option<&'static str> = None;
 
-    /// One multi-row `INSERT` of `messages` (at most [`ROWS_PER_INSERT`]).
+    /// What this backend computes from a message before binding it (kept alive for the
+    /// statement's binds).
     #[doc(hidden)]
-    fn insert_messages(messages: &[NewMessage]) -> BoxedSqlQuery<'_, Self, SqlQuery>;
+    type Row: Send;
+
+    /// Computes a message's [`OutboxBackend::Row`].
+    #[doc(hidden)]
+    fn row(message: &NewMessage) -> Self::Row;
+
+    /// Writes one row of the `INSERT`, `(placeholder, …)`, binding its values.
+    #[doc(hidden)]
+    fn walk_row<'b>(
+        message: &'b NewMessage,
+        row: &'b Self::Row,
+        out: &mut AstPass<'_, 'b, Self>,
+    ) -> diesel::QueryResult<()>;
 
     /// Writes `messages` with as few `INSERT`s as the bind limits allow.
     #[doc(hidden)]
@@ -110,7 +123,7 @@ macro_rules! backend_ops {
         ) -> diesel::QueryResult<()> {
             use diesel::RunQueryDsl;
             for chunk in messages.chunks(ROWS_PER_INSERT) {
-                Self::insert_messages(chunk).execute(conn)?;
+                InsertMessages::<Self>::new(chunk).execute(conn)?;
             }
             if let Some(sql) = Self::NOTIFY_SQL.filter(|_| crate::notify::due()) {
                 diesel::sql_query(sql).execute(conn)?;
@@ -146,7 +159,7 @@ macro_rules! backend_ops {
         ) -> diesel::QueryResult<()> {
             use diesel_async::RunQueryDsl;
             for chunk in messages.chunks(ROWS_PER_INSERT) {
-                Self::insert_messages(chunk).execute(conn).await?;
+                InsertMessages::<Self>::new(chunk).execute(conn).await?;
             }
             if let Some(sql) = Self::NOTIFY_SQL.filter(|_| crate::notify::due()) {
                 diesel::sql_query(sql).execute(conn).await?;
@@ -167,49 +180,103 @@ mod private {
     pub trait Sealed {}
 }
 
-/// Builds `INSERT INTO outbox_events (...) VALUES (row), (row), ...`, where `row` writes the
-/// placeholders of one message, and binds each message with `bind`. The SQL holds only
-/// placeholders: every value travels as a bind parameter.
-fn build_insert<'a, DB: Backend>(
+/// Statements of up to this many rows keep their prepared statement in Diesel's per-connection
+/// cache (one entry per row count): a transaction's `INSERT` is then parsed and planned once
+/// per connection instead of once per transaction. Larger ones are prepared each time.
+const CACHED_ROWS: usize = 16;
+
+/// `INSERT INTO outbox_events (...) VALUES (row), (row), ...` as a Diesel query. The SQL holds
+/// only placeholders (every value travels as a bind parameter) and depends only on the number
+/// of rows, so Diesel may cache it by its SQL; `diesel::sql_query` never is.
+pub(crate) struct InsertMessages<'a, DB: OutboxBackend> {
     messages: &'a [NewMessage],
-    mut row: impl FnMut(&mut String, usize),
-    mut bind: impl FnMut(
-        BoxedSqlQuery<'a, DB, SqlQuery>,
-        &'a NewMessage,
-    ) -> BoxedSqlQuery<'a, DB, SqlQuery>,
-) -> BoxedSqlQuery<'a, DB, SqlQuery> {
-    let mut sql = String::with_capacity(64 + INSERT_COLUMNS.len() + messages.len() * 80);
-    sql.push_str("INSERT INTO ");
-    sql.push_str(OUTBOX_TABLE);
-    sql.push_str(" (");
-    sql.push_str(INSERT_COLUMNS);
-    sql.push_str(") VALUES ");
-    for i in 0..messages.len() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        row(&mut sql, i);
-    }
-    let mut query = diesel::sql_query(sql).into_boxed::<DB>();
-    for message in messages {
-        query = bind(query, message);
-    }
-    query
+    rows: Vec<DB::Row>,
 }
 
-/// Binds the columns every backend stores the same way, up to `event_version`.
+impl<'a, DB: OutboxBackend> InsertMessages<'a, DB> {
+    pub(crate) fn new(messages: &'a [NewMessage]) -> Self {
+        InsertMessages {
+            messages,
+            rows: messages.iter().map(DB::row).collect(),
+        }
+    }
+}
+
+impl<DB: OutboxBackend> QueryFragment<DB> for InsertMessages<'_, DB> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> diesel::QueryResult<()> {
+        if self.messages.len() > CACHED_ROWS {
+            out.unsafe_to_cache_prepared();
+        }
+        out.push_sql("INSERT INTO ");
+        out.push_sql(OUTBOX_TABLE);
+        out.push_sql(" (");
+        out.push_sql(INSERT_COLUMNS);
+        out.push_sql(") VALUES ");
+        for (i, (message, row)) in self.messages.iter().zip(&self.rows).enumerate() {
+            if i > 0 {
+                out.push_sql(", ");
+            }
+            DB::walk_row(message, row, &mut out)?;
+        }
+        Ok(())
+    }
+}
+
+impl<DB: OutboxBackend> QueryId for InsertMessages<'_, DB> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<DB: OutboxBackend, Conn> diesel::RunQueryDsl<Conn> for InsertMessages<'_, DB> {}
+
+/// Binds the columns every backend stores the same way, from `aggregate_type` to `shard`, each
+/// after a `", "`; `$pre`/`$post` wrap the two JSON placeholders (PostgreSQL casts them).
 macro_rules! bind_common {
-    ($query:expr, $m:expr) => {
-        $query
-            .bind::<Text, _>($m.aggregate_type.as_ref())
-            .bind::<Text, _>($m.aggregate_id.as_str())
-            .bind::<Text, _>($m.event_type.as_ref())
-            .bind::<Integer, _>($m.event_version)
-            .bind::<Text, _>($m.payload.as_str())
-            .bind::<Text, _>($m.headers_json())
-            .bind::<Nullable<Text>, _>($m.topic.as_deref())
-            .bind::<SmallInt, _>($m.shard)
-    };
+    ($out:expr, $m:expr, $headers:expr, $pre:literal, $post:literal) => {{
+        let out = $out;
+        let m = $m;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(&m.aggregate_type)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(&m.aggregate_id)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(&m.event_type)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Integer, _>(&m.event_version)?;
+        out.push_sql(concat!(", ", $pre));
+        out.push_bind_param::<Text, _>(&m.payload)?;
+        out.push_sql(concat!($post, ", ", $pre));
+        out.push_bind_param::<Text, _>($headers)?;
+        out.push_sql(concat!($post, ", "));
+        out.push_bind_param::<Nullable<Text>, _>(&m.topic)?;
+        out.push_sql(", ");
+        out.push_bind_param::<SmallInt, _>(&m.shard)?;
+    }};
+}
+
+/// One row for MySQL and SQLite: the id as text, then the common columns, then `created_at`
+/// and `available_at` (the same value) as `$ts`.
+macro_rules! text_id_row {
+    ($m:expr, $row:expr, $out:expr, $ts:ty) => {{
+        let out = $out;
+        out.push_sql("(");
+        out.push_bind_param::<Text, _>(&$row.id)?;
+        bind_common!(&mut *out, $m, &$row.headers, "", "");
+        out.push_sql(", ");
+        out.push_bind_param::<$ts, _>(&$row.at)?;
+        out.push_sql(", ");
+        out.push_bind_param::<$ts, _>(&$row.at)?;
+        out.push_sql(")");
+        Ok(())
+    }};
+}
+
+/// The computed values of a row for MySQL and SQLite.
+#[doc(hidden)]
+pub struct TextIdRow<T> {
+    id: String,
+    headers: String,
+    at: T,
 }
 
 #[cfg(feature = "postgres_backend")]
@@ -247,34 +314,27 @@ impl OutboxBackend for diesel::pg::Pg {
         .bind::<BigInt, _>(limit_of(limit))
     }
 
-    fn insert_messages(messages: &[NewMessage]) -> BoxedSqlQuery<'_, Self, SqlQuery> {
-        use std::fmt::Write;
-        build_insert(
-            messages,
-            |sql, i| {
-                let p = i * 10;
-                // `write!` into a String cannot fail.
-                let _ = write!(
-                    sql,
-                    "(${}, ${}, ${}, ${}, ${}, CAST(${} AS jsonb), CAST(${} AS jsonb), ${}, ${}, ${}, ${})",
-                    p + 1,
-                    p + 2,
-                    p + 3,
-                    p + 4,
-                    p + 5,
-                    p + 6,
-                    p + 7,
-                    p + 8,
-                    p + 9,
-                    p + 10,
-                    p + 10
-                );
-            },
-            |q, m| {
-                let q = q.bind::<diesel::sql_types::Uuid, _>(m.id);
-                bind_common!(q, m).bind::<diesel::sql_types::Timestamptz, _>(m.created_at)
-            },
-        )
+    type Row = String;
+
+    fn row(message: &NewMessage) -> String {
+        message.headers_json()
+    }
+
+    fn walk_row<'b>(
+        m: &'b NewMessage,
+        headers: &'b String,
+        out: &mut AstPass<'_, 'b, Self>,
+    ) -> diesel::QueryResult<()> {
+        use diesel::sql_types::{Timestamptz, Uuid};
+        out.push_sql("(");
+        out.push_bind_param::<Uuid, _>(&m.id)?;
+        bind_common!(&mut *out, m, headers, "CAST(", " AS jsonb)");
+        out.push_sql(", ");
+        out.push_bind_param::<Timestamptz, _>(&m.created_at)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Timestamptz, _>(&m.created_at)?;
+        out.push_sql(")");
+        Ok(())
     }
 }
 
@@ -311,18 +371,22 @@ impl OutboxBackend for diesel::mysql::Mysql {
         .bind::<BigInt, _>(limit_of(limit))
     }
 
-    fn insert_messages(messages: &[NewMessage]) -> BoxedSqlQuery<'_, Self, SqlQuery> {
-        build_insert(
-            messages,
-            |sql, _| sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-            |q, m| {
-                let q = q.bind::<Text, _>(m.id.hyphenated().to_string());
-                let at = m.created_at.naive_utc();
-                bind_common!(q, m)
-                    .bind::<diesel::sql_types::Datetime, _>(at)
-                    .bind::<diesel::sql_types::Datetime, _>(at)
-            },
-        )
+    type Row = TextIdRow<chrono::NaiveDateTime>;
+
+    fn row(m: &NewMessage) -> Self::Row {
+        TextIdRow {
+            id: m.id.hyphenated().to_string(),
+            headers: m.headers_json(),
+            at: m.created_at.naive_utc(),
+        }
+    }
+
+    fn walk_row<'b>(
+        m: &'b NewMessage,
+        row: &'b Self::Row,
+        out: &mut AstPass<'_, 'b, Self>,
+    ) -> diesel::QueryResult<()> {
+        text_id_row!(m, row, out, diesel::sql_types::Datetime)
     }
 }
 
@@ -359,18 +423,22 @@ impl OutboxBackend for diesel::sqlite::Sqlite {
         .bind::<BigInt, _>(limit_of(limit))
     }
 
-    fn insert_messages(messages: &[NewMessage]) -> BoxedSqlQuery<'_, Self, SqlQuery> {
-        build_insert(
-            messages,
-            |sql, _| sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-            |q, m| {
-                let q = q.bind::<Text, _>(m.id.hyphenated().to_string());
-                let at = sqlite_timestamp(m.created_at);
-                bind_common!(q, m)
-                    .bind::<Text, _>(at.clone())
-                    .bind::<Text, _>(at)
-            },
-        )
+    type Row = TextIdRow<String>;
+
+    fn row(m: &NewMessage) -> Self::Row {
+        TextIdRow {
+            id: m.id.hyphenated().to_string(),
+            headers: m.headers_json(),
+            at: sqlite_timestamp(m.created_at),
+        }
+    }
+
+    fn walk_row<'b>(
+        m: &'b NewMessage,
+        row: &'b Self::Row,
+        out: &mut AstPass<'_, 'b, Self>,
+    ) -> diesel::QueryResult<()> {
+        text_id_row!(m, row, out, Text)
     }
 }
 
