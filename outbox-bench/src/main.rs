@@ -12,6 +12,9 @@ use diesel::prelude::*;
 
 use common::{Ctx, exec};
 
+/// Where the report's hand-written notes start; the program keeps what follows it.
+const NOTES_MARKER: &str = "<!-- Notes below are written by hand; outbox-bench keeps them when it rewrites the tables above. -->";
+
 /// The benchmark's options.
 #[derive(Parser, Debug)]
 #[command(about = "Benchmarks of the outbox (write path and relay drain) on PostgreSQL")]
@@ -111,6 +114,15 @@ fn main() {
     }
     drop(ctx);
     exec(&mut admin, &format!("DROP DATABASE {db} WITH (FORCE)"));
+    // The hand-written analysis below the marker survives a re-run.
+    if let Ok(old) = std::fs::read_to_string(&args.out)
+        && let Some(at) = old.find(NOTES_MARKER)
+    {
+        md.push('\n');
+        md.push_str(&old[at..]);
+    } else {
+        let _ = write!(md, "\n{NOTES_MARKER}\n");
+    }
     std::fs::write(&args.out, &md).expect("write report");
     eprintln!("wrote {}", args.out);
 }
