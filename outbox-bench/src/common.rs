@@ -82,10 +82,11 @@ pub fn exec(conn: &mut PgConnection, sql: &str) {
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
-/// CPU seconds (user + system) so far of each `postgres` process and of this process, from
-/// /proc. Compare two with [`Cpu::since`].
+/// CPU seconds (user + system) so far of each `postgres` process, of the Kafka-protocol
+/// brokers and of this process, from /proc. Compare two with [`Cpu::since`].
 pub struct Cpu {
     pg: std::collections::HashMap<u32, f64>,
+    broker: std::collections::HashMap<u32, f64>,
     me: f64,
 }
 
@@ -104,33 +105,47 @@ impl Cpu {
             Some((comm, (ut + st) / tick))
         };
         let mut pg = std::collections::HashMap::new();
+        let mut broker = std::collections::HashMap::new();
         if let Ok(dir) = std::fs::read_dir("/proc") {
             for e in dir.flatten() {
                 let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                     continue;
                 };
-                if let Some((comm, t)) = read(&e.path().join("stat"))
-                    && comm.starts_with("postgres")
-                {
-                    pg.insert(pid, t);
+                match read(&e.path().join("stat")) {
+                    Some((comm, t)) if comm.starts_with("postgres") => {
+                        pg.insert(pid, t);
+                    }
+                    Some((comm, t)) if comm.starts_with("noida") || comm.starts_with("tansu") => {
+                        broker.insert(pid, t);
+                    }
+                    _ => {}
                 }
             }
         }
         let me = read(std::path::Path::new("/proc/self/stat")).map_or(0.0, |x| x.1);
-        Cpu { pg, me }
+        Cpu { pg, broker, me }
     }
 
     /// (postgres, this process) CPU seconds used between `earlier` and this snapshot.
     /// Processes that started in between count in full; ones that ended in between are lost
     /// (an undercount, never a negative figure).
     pub fn since(&self, earlier: &Cpu) -> (f64, f64) {
-        let pg = self
-            .pg
-            .iter()
-            .map(|(pid, t)| t - earlier.pg.get(pid).copied().unwrap_or(0.0))
-            .sum();
-        (pg, self.me - earlier.me)
+        (delta(&self.pg, &earlier.pg), self.me - earlier.me)
     }
+
+    /// CPU seconds of the Kafka-protocol brokers (noida-db, tansu) since `earlier`.
+    pub fn broker_since(&self, earlier: &Cpu) -> f64 {
+        delta(&self.broker, &earlier.broker)
+    }
+}
+
+fn delta(
+    now: &std::collections::HashMap<u32, f64>,
+    then: &std::collections::HashMap<u32, f64>,
+) -> f64 {
+    now.iter()
+        .map(|(pid, t)| t - then.get(pid).copied().unwrap_or(0.0))
+        .sum()
 }
 
 /// Formats a figure with thousands separators.

@@ -154,6 +154,8 @@ pub struct Drain {
     pub pg_cpu: f64,
     /// CPU seconds of this process during the drain.
     pub bench_cpu: f64,
+    /// CPU seconds of the Kafka-protocol brokers during the drain.
+    pub broker_cpu: f64,
     /// (seconds since the start, events published so far), every 100 ms (ours only).
     pub series: Vec<(f64, u64)>,
     /// Where the relays' time went: "claim / publish / mark" shares (ours only).
@@ -322,7 +324,9 @@ pub async fn drain_ours(
     }
     series.push((start.elapsed().as_secs_f64(), published));
     let elapsed = start.elapsed().as_secs_f64();
-    let (pg_cpu, bench_cpu) = Cpu::now().since(&cpu0);
+    let cpu1 = Cpu::now();
+    let (pg_cpu, bench_cpu) = cpu1.since(&cpu0);
+    let broker_cpu = cpu1.broker_since(&cpu0);
     stop.notify_waiters();
     for h in handles {
         let _ = h.await;
@@ -338,6 +342,7 @@ pub async fn drain_ours(
         capped,
         pg_cpu,
         bench_cpu,
+        broker_cpu,
         series,
         profile: Some(timings.shares(elapsed * relays as f64)),
     }
@@ -399,6 +404,7 @@ pub fn drain_textbook(url: &str, relays: usize, n: i64) -> Drain {
         capped: None,
         pg_cpu,
         bench_cpu,
+        broker_cpu: 0.0,
         series: Vec::new(),
         profile: None,
     }
@@ -453,6 +459,7 @@ pub fn drain_ceiling(url: &str, relays: usize, batch: usize, n: i64) -> Drain {
         capped: None,
         pg_cpu,
         bench_cpu,
+        broker_cpu: 0.0,
         series: Vec::new(),
         profile: None,
     }
@@ -634,13 +641,19 @@ pub fn section(ctx: &Ctx, md: &mut String) {
                 fmt_n(p as f64)
             ))
         );
-        let line = format!(
-            "| {what} | {mode} | {relays} | {batch} | {sink} | {rate} | {} | {:.1} | {:.1} | {} |",
-            vs.map_or("–".into(), |c| format!("{:.0} %", 100.0 * d.rate / c)),
-            d.pg_cpu,
-            d.bench_cpu,
-            d.profile.as_deref().unwrap_or("–"),
-        );
+        let vs = vs.map_or("–".into(), |c| format!("{:.0} %", 100.0 * d.rate / c));
+        let cpu = format!("{:.1} | {:.1}", d.pg_cpu, d.bench_cpu);
+        let profile = d.profile.as_deref().unwrap_or("–");
+        let line = if sink == "kafka" {
+            format!(
+                "| {mode} | {relays} | {batch} | {rate} | {vs} | {cpu} | {:.1} | {profile} |",
+                d.broker_cpu
+            )
+        } else {
+            format!(
+                "| {what} | {mode} | {relays} | {batch} | {sink} | {rate} | {vs} | {cpu} | {profile} |"
+            )
+        };
         println!("{line}");
         if sink == "kafka" {
             kafka_rows.push(line);
@@ -656,7 +669,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
         );
         let _ = writeln!(
             md,
-            "| drain | mode | relays | batch | publisher | events/s | vs SQL ceiling (same relays, batch) | postgres CPU s | bench CPU s | relay time: claim / publish / mark |\n|---|---|---|---|---|---|---|---|---|---|"
+            "| mode | relays | batch | events/s | vs SQL ceiling (same relays, batch) | postgres CPU s | bench CPU s | broker CPU s | relay time: claim / publish / mark |\n|---|---|---|---|---|---|---|---|---|"
         );
         for line in kafka_rows {
             let _ = writeln!(md, "{line}");
