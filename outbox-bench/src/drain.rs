@@ -401,7 +401,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             for mode in [Mode::Unordered, Mode::Sharded, Mode::Leader] {
                 for sink in [Sink::Null, Sink::Memory] {
                     let d = rt.block_on(drain_ours(
-                        &url, mode, relays, batch, sink, &ctx.kafka, backlog, cap,
+                        url, mode, relays, batch, sink, &ctx.kafka, backlog, cap,
                     ));
                     row(
                         md,
@@ -426,7 +426,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
         for mode in [Mode::Unordered, Mode::Sharded] {
             for relays in [1usize, 2] {
                 let d = rt.block_on(drain_ours(
-                    &url,
+                    url,
                     mode,
                     relays,
                     1000,
