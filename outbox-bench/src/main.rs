@@ -3,6 +3,8 @@
 
 mod common;
 mod drain;
+mod latency;
+mod plot;
 mod write;
 
 use std::fmt::Write as _;
@@ -101,6 +103,7 @@ fn main() {
     };
     write::section(&ctx, &mut md);
     drain::section(&ctx, &mut md);
+    latency::section(&ctx, &mut md);
     drop(ctx);
     exec(&mut admin, &format!("DROP DATABASE {db} WITH (FORCE)"));
     std::fs::write(&args.out, &md).expect("write report");
