@@ -510,3 +510,32 @@ fn drain_plot(ctx: &Ctx, md: &mut String) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(pct(&v, 50.0), 50.0);
+        assert_eq!(pct(&v, 99.0), 99.0);
+        assert_eq!(pct(&v, 100.0), 100.0);
+        assert_eq!(pct(&[7.0], 50.0), 7.0);
+        assert!(pct(&[], 50.0).is_nan());
+    }
+
+    #[test]
+    fn rates_are_over_the_trailing_window() {
+        let series: Vec<(f64, u64)> = (0..=30).map(|i| (i as f64 / 10.0, i * 100)).collect();
+        let rates = trailing_rate(&series, 1.0);
+        assert_eq!(rates.len(), 30);
+        for (t, r) in rates {
+            assert!((r - 1000.0).abs() < 1e-6, "{t}: {r}");
+        }
+        // A last sample just after the one before it does not spike.
+        let series = vec![(0.0, 0), (1.0, 1000), (2.0, 2000), (2.001, 2000)];
+        let rates = trailing_rate(&series, 1.0);
+        assert!(rates.iter().all(|&(_, r)| r <= 1000.0 + 1e-6), "{rates:?}");
+    }
+}

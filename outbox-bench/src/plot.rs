@@ -22,14 +22,22 @@ const COLOURS: [RGBColor; 4] = [
 fn font() -> Result<(), String> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     DONE.get_or_init(|| {
-        let bytes = std::fs::read(FONT).map_err(|e| {
-            format!("the plots need the font {FONT} ({e}); install the package `fonts-dejavu-core`")
-        })?;
-        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        let bytes = read_font(Path::new(FONT))?;
         register_font("sans-serif", FontStyle::Normal, bytes)
             .map_err(|_| format!("{FONT} is not a font plotters can read"))
     })
     .clone()
+}
+
+/// The font file's bytes, for the life of the process.
+fn read_font(path: &Path) -> Result<&'static [u8], String> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        format!(
+            "the plots need the font {} ({e}); install the package `fonts-dejavu-core`",
+            path.display()
+        )
+    })?;
+    Ok(Box::leak(bytes.into_boxed_slice()))
 }
 
 /// Runs a drawing, turning its errors and panics into a message.
@@ -232,4 +240,35 @@ pub fn rate_over_time(
             .map_err(err)?;
         root.present().map_err(err)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_font_is_an_error_naming_the_file_and_the_package() {
+        let e = read_font(Path::new("/nonexistent/DejaVuSans.ttf")).unwrap_err();
+        assert!(e.contains("/nonexistent/DejaVuSans.ttf"), "{e}");
+        assert!(e.contains("fonts-dejavu-core"), "{e}");
+    }
+
+    #[test]
+    fn plots_are_written_as_png() {
+        if !Path::new(FONT).exists() {
+            return; // the error path is tested above
+        }
+        let dir = std::env::temp_dir().join(format!("outbox-bench-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lat = vec![("a".to_string(), vec![3.0, 12.0, 12.5, 40.0, 480.0])];
+        latency_histogram(&dir.join("l.png"), "t", &lat).unwrap();
+        let rate = vec![("b".to_string(), vec![(0.1, 100.0), (0.2, 300.0)])];
+        rate_over_time(&dir.join("r.png"), "t", &rate).unwrap();
+        for f in ["l.png", "r.png"] {
+            let bytes = std::fs::read(dir.join(f)).unwrap();
+            assert_eq!(&bytes[1..4], b"PNG");
+        }
+        assert!(latency_histogram(&dir.join("e.png"), "t", &[]).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
