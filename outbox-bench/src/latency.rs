@@ -307,7 +307,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
              poll interval {} ms). The commit instant is taken when COMMIT returns; the ack \
              instant when the publisher's call returns with the event's delivery report \
              (`Delivery::Published`; the Kafka publisher awaits every report of its batch), on \
-             the same monotonic clock. LISTEN/NOTIFY: the relay listens and the writer notifies \
+             the same monotonic clock. LISTEN/NOTIFY: the relay listens and the writers notify \
              with the default throttle (at most one `NOTIFY` per 100 ms per process); polling \
              only: `PgRelayStore::listen(false)` and `outbox::notify::set_interval(None)`, so the \
              relay finds new events by its {} ms poll. One warm-up event is published and \
@@ -455,10 +455,10 @@ fn drain_plot(ctx: &Ctx, md: &mut String) {
         md,
         "\n### Drain rate over time\n\n{} pending events over 1,000 aggregates, drained by one \
          relay (batch 1000, null publisher) in each mode, sampled every 100 ms; the rate is \
-         events published over the trailing second (during the first second: since the start){}.\n",
+         events published over the trailing second (during the first second: since the start).{}\n",
         fmt_n(backlog as f64),
         if ctx.quick {
-            format!(" (quick run; a drain is stopped after {} s)", cap.as_secs())
+            format!(" Quick run: a drain is stopped after {} s.", cap.as_secs())
         } else {
             String::new()
         }
