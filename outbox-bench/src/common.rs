@@ -14,8 +14,10 @@ pub struct Ctx {
     /// The bench's own PostgreSQL database (migrated, with `bench_orders`).
     pub url: String,
     /// The PostgreSQL server, without a database.
+    #[allow(dead_code, reason = "for sections that open databases of their own")]
     pub pg_server: String,
     /// The MariaDB server, without a database; empty to skip.
+    #[allow(dead_code, reason = "for the MariaDB write path")]
     pub mysql_server: String,
     /// The Kafka-protocol broker; empty to skip.
     pub kafka: String,

@@ -3,6 +3,8 @@
 
 mod common;
 mod drain;
+mod latency;
+mod plot;
 mod write;
 
 use std::fmt::Write as _;
@@ -111,6 +113,9 @@ fn main() {
     }
     if on("drain") {
         drain::section(&ctx, &mut md);
+    }
+    if on("latency") {
+        latency::section(&ctx, &mut md);
     }
     drop(ctx);
     exec(&mut admin, &format!("DROP DATABASE {db} WITH (FORCE)"));
