@@ -17,11 +17,11 @@ pub struct Ctx {
     #[allow(dead_code, reason = "for sections that open databases of their own")]
     pub pg_server: String,
     /// The MariaDB server, without a database; empty to skip.
-    #[allow(dead_code, reason = "for the MariaDB write path")]
     pub mysql_server: String,
     /// The Kafka-protocol broker; empty to skip.
     pub kafka: String,
     /// Where the report goes (PNGs go next to it).
+    #[allow(dead_code)] // for the plots, not drawn yet
     pub out_dir: std::path::PathBuf,
     /// A runtime for the relays.
     pub rt: tokio::runtime::Runtime,
@@ -45,18 +45,43 @@ pub mod schema {
         }
     }
 
-    diesel::table! {
-        outbox_events (seq) {
-            seq -> BigInt,
-            id -> Uuid,
-            aggregate_type -> Text,
-            aggregate_id -> Text,
-            event_type -> Text,
-            event_version -> Integer,
-            payload -> Jsonb,
-            shard -> SmallInt,
-        }
+    /// `outbox_events` as each backend's migration types it, in the columns a hand-written
+    /// INSERT writes: the id (UUID or hyphenated text), the JSON columns and the times.
+    macro_rules! outbox_events {
+        ($($backend:ident: $id:ident, $json:ident, $time:ident;)*) => {$(
+            pub mod $backend {
+                diesel::table! {
+                    use diesel::sql_types::*;
+                    outbox_events (seq) {
+                        seq -> BigInt,
+                        id -> $id,
+                        aggregate_type -> Text,
+                        aggregate_id -> Text,
+                        event_type -> Text,
+                        event_version -> Integer,
+                        payload -> $json,
+                        headers -> $json,
+                        shard -> SmallInt,
+                        created_at -> $time,
+                        available_at -> $time,
+                    }
+                }
+            }
+        )*};
     }
+
+    outbox_events! {
+        pg: Uuid, Jsonb, Timestamptz;
+        mysql: Text, Json, Datetime;
+        sqlite: Text, Json, Text;
+    }
+}
+
+/// A row of one text column named `v`: a version or a setting read back.
+#[derive(QueryableByName)]
+pub struct V {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub v: String,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);

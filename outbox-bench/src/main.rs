@@ -1,5 +1,6 @@
-//! `outbox-bench`: the write path's overhead and the relay's drain rate on PostgreSQL, each
-//! side by side with baselines measured in the same run. See docs/BENCHMARKS.md.
+//! `outbox-bench`: the write path's overhead (PostgreSQL, MariaDB, SQLite) and the relay's drain
+//! rate on PostgreSQL, each side by side with baselines measured in the same run. See
+//! docs/BENCHMARKS.md.
 
 mod common;
 mod drain;
@@ -12,14 +13,16 @@ use std::fmt::Write as _;
 use clap::Parser;
 use diesel::prelude::*;
 
-use common::{Ctx, exec};
+use common::{Ctx, V, exec};
 
 /// Where the report's hand-written notes start; the program keeps what follows it.
 const NOTES_MARKER: &str = "<!-- Notes below are written by hand; outbox-bench keeps them when it rewrites the tables above. -->";
 
 /// The benchmark's options.
 #[derive(Parser, Debug)]
-#[command(about = "Benchmarks of the outbox (write path and relay drain) on PostgreSQL")]
+#[command(
+    about = "Benchmarks of the outbox: write path (PostgreSQL, MariaDB, SQLite) and relay drain (PostgreSQL)"
+)]
 struct Args {
     /// The short run (about 2 minutes) instead of the full one.
     #[arg(long)]
@@ -56,11 +59,6 @@ fn main() {
          total_cents BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())",
     );
 
-    #[derive(QueryableByName)]
-    struct V {
-        #[diesel(sql_type = diesel::sql_types::Text)]
-        v: String,
-    }
     let version = diesel::sql_query("SELECT version() AS v")
         .get_result::<V>(&mut conn)
         .expect("v")

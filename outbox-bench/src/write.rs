@@ -1,13 +1,14 @@
 //! The write path: business-only, + a hand-written outbox INSERT, and `transaction_with_outbox`
-//! with 1 and 10 events, at 1, 4 and 16 writers.
+//! with 1 and 10 events, at 1, 4 and 16 writers, on PostgreSQL, MariaDB and SQLite.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use outbox::prelude::*;
 
-use crate::common::schema::{bench_orders, outbox_events};
+use crate::common::schema::bench_orders;
 use crate::common::*;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -36,51 +37,134 @@ impl Write {
     }
 }
 
-fn insert_order(conn: &mut PgConnection) -> QueryResult<i64> {
-    let id = next_id();
-    diesel::insert_into(bench_orders::table)
-        .values((
-            bench_orders::id.eq(id),
-            bench_orders::customer.eq(id % 1000),
-            bench_orders::total_cents.eq(1250),
-        ))
-        .execute(conn)?;
-    Ok(id)
+fn order(id: i64) -> OrderCreated {
+    OrderCreated {
+        order_id: id,
+        customer: id % 1000,
+        total_cents: 1250,
+    }
 }
 
-fn one_write(conn: &mut PgConnection, w: Write) -> Result<(), outbox::Error> {
+/// A connection type the write path runs on: what differs between the backends.
+trait Backend: OutboxConnection {
+    /// Run by every writer's connection after it connects.
+    const SESSION: &'static str;
+    /// Empties the bench's tables between runs.
+    const RESET: &'static str;
+
+    /// A writer's connection.
+    fn open(url: &str) -> Self {
+        let mut conn = Self::establish(url).unwrap_or_else(|e| panic!("connect {url}: {e}"));
+        if !Self::SESSION.is_empty() {
+            conn.batch_execute(Self::SESSION).expect("session settings");
+        }
+        conn
+    }
+    /// One `bench_orders` row; returns its id.
+    fn insert_order(&mut self) -> QueryResult<i64>;
+    /// The outbox row of order `id`, written with Diesel's query builder the way an
+    /// application would without the library: the columns the backend's schema requires.
+    fn insert_outbox_row(&mut self, id: i64) -> QueryResult<()>;
+    /// The text value of the single-row, single-column query `sql` (column named `v`).
+    fn text(&mut self, sql: &str) -> String;
+}
+
+/// Implements [`Backend`] for `$conn` with `outbox_events` from `schema::$schema` (aliased `o`):
+/// `$id` turns a UUID into that schema's id; `$extra` are the columns beyond the common ones
+/// that the schema has no default for, and may use `$now`, the time of the row.
+macro_rules! backend {
+    ($conn:ty, $schema:ident, session: $session:literal, reset: $reset:literal,
+     id: $id:expr, extra($now:ident = $at:expr): [$($extra:expr),*]) => {
+        impl Backend for $conn {
+            const SESSION: &'static str = $session;
+            const RESET: &'static str = $reset;
+
+            fn insert_order(&mut self) -> QueryResult<i64> {
+                let id = next_id();
+                diesel::insert_into(bench_orders::table)
+                    .values((
+                        bench_orders::id.eq(id),
+                        bench_orders::customer.eq(id % 1000),
+                        bench_orders::total_cents.eq(1250),
+                    ))
+                    .execute(self)?;
+                Ok(id)
+            }
+
+            fn insert_outbox_row(&mut self, id: i64) -> QueryResult<()> {
+                use crate::common::schema::$schema::outbox_events as o;
+                let payload = serde_json::to_value(order(id)).expect("serialise");
+                let key = id.to_string();
+                let $now = $at;
+                diesel::insert_into(o::table)
+                    .values((
+                        o::id.eq(($id)(uuid::Uuid::now_v7())),
+                        o::aggregate_type.eq("order"),
+                        o::shard.eq(outbox::shard_of("order", &key)),
+                        o::aggregate_id.eq(key),
+                        o::event_type.eq("OrderCreated"),
+                        o::event_version.eq(1),
+                        o::payload.eq(payload),
+                        $($extra,)*
+                    ))
+                    .execute(self)
+                    .map(|_| ())
+            }
+
+            fn text(&mut self, sql: &str) -> String {
+                diesel::sql_query(sql)
+                    .get_result::<V>(self)
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"))
+                    .v
+            }
+        }
+    };
+}
+
+fn hyphenated(id: uuid::Uuid) -> String {
+    id.hyphenated().to_string()
+}
+
+/// SQLite's outbox times: UTC text with six fraction digits (see the migration).
+fn sqlite_now() -> String {
+    chrono::Utc::now()
+        .format("%Y-%m-%d %H:%M:%S%.6f")
+        .to_string()
+}
+
+backend! {
+    PgConnection, pg, session: "", reset: "TRUNCATE bench_orders, outbox_events",
+    id: std::convert::identity, extra(_now = ()): []
+}
+backend! {
+    MysqlConnection, mysql, session: "",
+    reset: "TRUNCATE TABLE bench_orders; TRUNCATE TABLE outbox_events",
+    id: hyphenated, extra(now = chrono::Utc::now().naive_utc()): [
+        o::headers.eq(serde_json::json!({})),
+        o::created_at.eq(now),
+        o::available_at.eq(now)
+    ]
+}
+backend! {
+    SqliteConnection, sqlite, session: "PRAGMA busy_timeout = 250",
+    reset: "DELETE FROM bench_orders; DELETE FROM outbox_events",
+    id: hyphenated, extra(now = sqlite_now()): [
+        o::created_at.eq(now.clone()),
+        o::available_at.eq(now)
+    ]
+}
+
+fn one_write<C: Backend>(conn: &mut C, w: Write) -> Result<(), outbox::Error> {
     match w {
-        Write::Business => conn.transaction(|c| insert_order(c).map(|_| ()))?,
+        Write::Business => conn.transaction(|c| c.insert_order().map(|_| ()))?,
         Write::HandWritten => conn.transaction(|c| {
-            let id = insert_order(c)?;
-            let ev = OrderCreated {
-                order_id: id,
-                customer: id % 1000,
-                total_cents: 1250,
-            };
-            let payload = serde_json::to_value(&ev).expect("serialise");
-            let key = id.to_string();
-            diesel::insert_into(outbox_events::table)
-                .values((
-                    outbox_events::id.eq(uuid::Uuid::now_v7()),
-                    outbox_events::aggregate_type.eq("order"),
-                    outbox_events::shard.eq(outbox::shard_of("order", &key)),
-                    outbox_events::aggregate_id.eq(key),
-                    outbox_events::event_type.eq("OrderCreated"),
-                    outbox_events::event_version.eq(1),
-                    outbox_events::payload.eq(payload),
-                ))
-                .execute(c)
-                .map(|_| ())
+            let id = c.insert_order()?;
+            c.insert_outbox_row(id)
         })?,
         Write::Ours1 | Write::Ours10 => conn.transaction_with_outbox(|tx| {
-            let id = insert_order(tx.conn())?;
+            let id = tx.conn().insert_order()?;
             for _ in 0..w.events() {
-                tx.publish(&OrderCreated {
-                    order_id: id,
-                    customer: id % 1000,
-                    total_cents: 1250,
-                })?;
+                tx.publish(&order(id))?;
             }
             Ok::<_, outbox::Error>(())
         })?,
@@ -88,101 +172,323 @@ fn one_write(conn: &mut PgConnection, w: Write) -> Result<(), outbox::Error> {
     Ok(())
 }
 
-/// Transactions per second of `writers` threads for `secs`.
-fn write_run(url: &str, w: Write, writers: usize, dur: Duration) -> f64 {
-    let mut conns: Vec<PgConnection> = (0..writers)
-        .map(|_| PgConnection::establish(url).expect("connect"))
-        .collect();
-    let start = Instant::now();
-    let deadline = start + dur;
-    let count = std::thread::scope(|s| {
+/// Whether `e` is SQLite's "database is locked": the busy timeout ran out.
+fn busy(e: &outbox::Error) -> bool {
+    let mut cause: Option<&dyn std::error::Error> = Some(e);
+    while let Some(c) = cause {
+        if c.to_string().contains("database is locked") {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// What one run measured: commits within the run, busy-timeout retries and the longest
+/// transaction (from its first attempt to its commit).
+#[derive(Clone, Copy, Default)]
+struct Stats {
+    commits: u64,
+    retries: u64,
+    longest: Duration,
+}
+
+impl Stats {
+    fn merge(self, o: Stats) -> Stats {
+        Stats {
+            commits: self.commits + o.commits,
+            retries: self.retries + o.retries,
+            longest: self.longest.max(o.longest),
+        }
+    }
+}
+
+/// One writer until `deadline`. A transaction that fails on the busy timeout is retried at
+/// once, until the deadline; one that commits after the deadline is not counted.
+fn writer<C: Backend>(c: &mut C, w: Write, deadline: Instant) -> Stats {
+    let mut st = Stats::default();
+    while Instant::now() < deadline {
+        let t0 = Instant::now();
+        let committed = loop {
+            match one_write(c, w) {
+                Ok(()) => break true,
+                Err(e) if busy(&e) => st.retries += 1,
+                Err(e) => panic!("write: {e}"),
+            }
+            if Instant::now() >= deadline {
+                break false;
+            }
+        };
+        let end = Instant::now();
+        st.longest = st.longest.max(end - t0);
+        st.commits += u64::from(committed && end <= deadline);
+    }
+    st
+}
+
+/// One run of one writer thread per connection in `conns` for `dur`.
+fn write_run<C: Backend>(conns: &mut [C], w: Write, dur: Duration) -> Stats {
+    let deadline = Instant::now() + dur;
+    std::thread::scope(|s| {
         let hs: Vec<_> = conns
             .iter_mut()
-            .map(|c| {
-                s.spawn(move || {
-                    let mut n = 0u64;
-                    while Instant::now() < deadline {
-                        one_write(c, w).expect("write");
-                        n += 1;
-                    }
-                    n
-                })
-            })
+            .map(|c| s.spawn(move || writer(c, w, deadline)))
             .collect();
         hs.into_iter()
             .map(|h| h.join().expect("writer"))
-            .sum::<u64>()
-    });
-    count as f64 / start.elapsed().as_secs_f64()
+            .fold(Stats::default(), Stats::merge)
+    })
 }
 
-/// The write-path section of the report.
-pub fn section(ctx: &Ctx, md: &mut String) {
-    let quick = ctx.quick;
-    let url = &ctx.url;
-    let runs = 3;
-    let dur = Duration::from_secs(if quick { 2 } else { 15 });
-    let mut conn = PgConnection::establish(url).expect("connect");
-    // ---- write path ----
-    let variants: Vec<(Write, Option<bool>)> = vec![
-        (Write::Business, None),
-        (Write::HandWritten, None),
-        (Write::Ours1, Some(false)),
-        (Write::Ours1, Some(true)),
-        (Write::Ours10, Some(false)),
-        (Write::Ours10, Some(true)),
-    ];
-    let _ = writeln!(md, "## Write path (PostgreSQL)\n");
-    let _ = writeln!(
-        md,
-        "Each figure is the median of {runs} runs of {} s each; the variants run interleaved \
-         (a, b, c, d, a, b, …) so they share the machine's noise. NOTIFY off: \
-         `outbox::notify::set_interval(None)`; on: the default (at most one `pg_notify` per \
-         100 ms per process). (a) and (b) never notify.\n",
-        dur.as_secs()
-    );
-    let _ = writeln!(
-        md,
+/// How long each variant runs: `runs` interleaved runs of `dur`; the tables are emptied
+/// before every run, or only before each writer count's runs when `reset_each_run` is off.
+#[derive(Clone, Copy)]
+struct Timing {
+    runs: usize,
+    dur: Duration,
+    reset_each_run: bool,
+}
+
+/// A variant and, on PostgreSQL, whether NOTIFY is on.
+type Variant = (Write, Option<bool>);
+
+const PLAIN: [Variant; 4] = [
+    (Write::Business, None),
+    (Write::HandWritten, None),
+    (Write::Ours1, None),
+    (Write::Ours10, None),
+];
+
+/// The table of `variants` on database `url`, at 1, 4 and 16 writers. The first two variants
+/// must be (a) and (b): the ratios are taken against them. A NOTIFY column is shown when a
+/// variant sets it.
+fn table<C: Backend>(url: &str, variants: &[Variant], t: Timing, md: &mut String) {
+    let notify_col = variants.iter().any(|(_, n)| n.is_some());
+    let head = if notify_col {
         "| writers | variant | NOTIFY | tx/s | events/s | ours / hand-written | ours / business-only |\n|---|---|---|---|---|---|---|"
-    );
+    } else {
+        "| writers | variant | tx/s | events/s | ours / hand-written | ours / business-only |\n|---|---|---|---|---|---|"
+    };
+    let _ = writeln!(md, "{head}");
+    let mut per_writers = Vec::new();
     for writers in [1usize, 4, 16] {
+        // The writers' connections, kept for all the runs at this writer count.
+        let mut conns: Vec<C> = (0..writers).map(|_| C::open(url)).collect();
         let mut samples = vec![Vec::new(); variants.len()];
-        for _ in 0..runs {
+        let mut all = Stats::default();
+        for run in 0..t.runs {
             for (i, (w, notify)) in variants.iter().enumerate() {
-                exec(&mut conn, "TRUNCATE bench_orders, outbox_events");
+                if t.reset_each_run || (run == 0 && i == 0) {
+                    conns[0].batch_execute(C::RESET).expect("reset");
+                }
                 outbox::notify::set_interval(match notify {
                     Some(true) => Some(Duration::from_millis(100)),
                     _ => None,
                 });
-                samples[i].push(write_run(url, *w, writers, dur));
+                let st = write_run(&mut conns, *w, t.dur);
+                samples[i].push(st.commits as f64 / t.dur.as_secs_f64());
+                all = all.merge(st);
             }
         }
         let med: Vec<f64> = samples.into_iter().map(median).collect();
         for (i, (w, notify)) in variants.iter().enumerate() {
             let tps = med[i];
-            let (vs_hand, vs_biz) = match w {
-                Write::Ours1 => (
-                    format!("{:.2}", tps / med[1]),
-                    format!("{:.2}", tps / med[0]),
-                ),
-                Write::Ours10 => ("–".into(), format!("{:.2}", tps / med[0])),
-                Write::HandWritten => ("–".into(), format!("{:.2}", tps / med[0])),
-                Write::Business => ("–".into(), "1.00".into()),
+            let ratio = |base: f64| format!("{:.2}", tps / base);
+            let vs_hand = match w {
+                Write::Ours1 => ratio(med[1]),
+                _ => "–".into(),
             };
-            let line = format!(
-                "| {writers} | {} | {} | {} | {} | {vs_hand} | {vs_biz} |",
-                w.label(),
-                match notify {
+            let mut cells = vec![writers.to_string(), w.label().to_string()];
+            if notify_col {
+                let n = match notify {
                     None => "–",
                     Some(true) => "on",
                     Some(false) => "off",
-                },
+                };
+                cells.push(n.to_string());
+            }
+            cells.extend([
                 fmt_n(tps),
                 fmt_n(tps * w.events() as f64),
-            );
+                vs_hand,
+                ratio(med[0]),
+            ]);
+            let line = format!("| {} |", cells.join(" | "));
             println!("{line}");
             let _ = writeln!(md, "{line}");
         }
+        per_writers.push((writers, all));
     }
+    let retried = per_writers.iter().any(|(_, st)| st.retries > 0);
+    let longest: Vec<String> = per_writers
+        .iter()
+        .map(|(writers, st)| {
+            let retries = if retried {
+                format!(", {} busy retries", fmt_n(st.retries as f64))
+            } else {
+                String::new()
+            };
+            format!(
+                "{} ms at {writers} writer{}{retries}",
+                fmt_n(st.longest.as_secs_f64() * 1e3),
+                if *writers == 1 { "" } else { "s" }
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        md,
+        "\nThe longest transaction over all variants and runs, from its first attempt to its \
+         commit: {}.",
+        longest.join("; ")
+    );
     outbox::notify::set_interval(Some(Duration::from_millis(100)));
+}
+
+/// Runs `f` when dropped, also when a run panics: drops the bench's database or file.
+struct Cleanup<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for Cleanup<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
+/// The heading of a backend's table and how its figures were taken.
+fn heading(md: &mut String, backend: &str, t: Timing) {
+    let _ = writeln!(
+        md,
+        "## Write path ({backend})\n\n\
+         Each figure is the median of {} runs of {} s each; the variants run interleaved \
+         (a, b, c, d, a, b, …) so they share the machine's noise; tx/s counts the commits that \
+         finished within the run. The tables are emptied {}. ours / hand-written compares (c) \
+         with (b), ours / business-only each row with (a).",
+        t.runs,
+        t.dur.as_secs_f64(),
+        if t.reset_each_run {
+            "before every run"
+        } else {
+            "before each writer count's runs, not before every run (quick run: emptying takes \
+             up to a few tenths of a second here, as long as a run)"
+        }
+    );
+}
+
+fn postgres(ctx: &Ctx, t: Timing, md: &mut String) {
+    let url = &ctx.url;
+    let mut conn = PgConnection::open(url);
+    let settings = conn.text(
+        "SELECT 'fsync = ' || current_setting('fsync') || ', synchronous_commit = ' \
+         || current_setting('synchronous_commit') AS v",
+    );
+    heading(md, "PostgreSQL", t);
+    let _ = writeln!(
+        md,
+        "NOTIFY off: `outbox::notify::set_interval(None)`; on: the default (at most one \
+         `pg_notify` per 100 ms per process). (a) and (b) never notify. Durability: {settings}.\n"
+    );
+    let mut variants = PLAIN[..2].to_vec();
+    for w in [Write::Ours1, Write::Ours10] {
+        variants.extend([(w, Some(false)), (w, Some(true))]);
+    }
+    table::<PgConnection>(url, &variants, t, md);
+}
+
+fn mariadb(ctx: &Ctx, t: Timing, md: &mut String) {
+    md.push('\n');
+    heading(md, "MariaDB", t);
+    let server = &ctx.mysql_server;
+    if server.is_empty() {
+        let _ = writeln!(md, "Skipped: no MariaDB server given (`--mysql ''`).");
+        return;
+    }
+    let mut admin = match MysqlConnection::establish(server) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = writeln!(md, "Skipped: cannot connect to {server}: {e}.");
+            return;
+        }
+    };
+    let db = format!("outbox_bench_{}", std::process::id());
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .expect("create database");
+    let _drop = Cleanup(|| {
+        let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db}"));
+    });
+    let url = format!("{server}/{db}");
+    let mut conn = MysqlConnection::open(&url);
+    outbox::migrations::run(&mut conn).expect("migrate");
+    conn.batch_execute(
+        "CREATE TABLE bench_orders (id BIGINT PRIMARY KEY, customer BIGINT NOT NULL, \
+         total_cents BIGINT NOT NULL, created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) \
+         ENGINE = InnoDB",
+    )
+    .expect("bench_orders");
+    let about = conn.text(
+        "SELECT CONCAT(VERSION(), '; innodb_flush_log_at_trx_commit = ', \
+         @@innodb_flush_log_at_trx_commit, ', sync_binlog = ', @@sync_binlog, ', log_bin = ', \
+         @@log_bin) AS v",
+    );
+    drop(conn);
+    let _ = writeln!(
+        md,
+        "MariaDB {about}. Its own database, migrated with `outbox::migrations::run`; one \
+         connection per writer.\n"
+    );
+    table::<MysqlConnection>(&url, &PLAIN, t, md);
+}
+
+fn sqlite(t: Timing, md: &mut String) {
+    md.push('\n');
+    heading(md, "SQLite", t);
+    let dir = std::env::temp_dir().join(format!("outbox_bench_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let _remove = Cleanup(|| {
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+    let url = dir
+        .join("bench.db")
+        .to_str()
+        .expect("utf-8 path")
+        .to_owned();
+    let mut conn = SqliteConnection::open(&url);
+    conn.batch_execute("PRAGMA journal_mode = WAL")
+        .expect("WAL");
+    outbox::migrations::run(&mut conn).expect("migrate");
+    conn.batch_execute(
+        "CREATE TABLE bench_orders (id INTEGER PRIMARY KEY, customer INTEGER NOT NULL, \
+         total_cents INTEGER NOT NULL, created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+    )
+    .expect("bench_orders");
+    let about = conn.text(
+        "SELECT sqlite_version() || '; journal_mode = ' || j.journal_mode || ', synchronous = ' \
+         || s.synchronous || ', busy_timeout = ' || b.timeout || ' ms' AS v \
+         FROM pragma_journal_mode() j, pragma_synchronous() s, pragma_busy_timeout() b",
+    );
+    drop(conn);
+    let _ = writeln!(
+        md,
+        "SQLite {about} (synchronous: 0 OFF, 1 NORMAL, 2 FULL), a file in the temp directory, \
+         migrated with `outbox::migrations::run`. SQLite has one writer at a time: the 4 and \
+         16 writers are threads with a connection each that queue on the database's write \
+         lock, so they show the cost of contention, not parallel writes. A transaction that \
+         waits longer than the busy timeout fails with \"database is locked\" and is retried at \
+         once (a busy retry, counted below the table) until the run ends. The timeout is short \
+         so that a run ends on time: with 16 writers and a 5 s timeout, SQLite's busy handler \
+         (its waits grow to 100 ms polls, which the waiting writers make in step) left writers \
+         queued for up to 2.5 s after the end of a 0.5 s run.\n"
+    );
+    table::<SqliteConnection>(&url, &PLAIN, t, md);
+}
+
+/// The write-path sections of the report: PostgreSQL, MariaDB and SQLite.
+pub fn section(ctx: &Ctx, md: &mut String) {
+    let t = Timing {
+        runs: 3,
+        dur: Duration::from_millis(if ctx.quick { 500 } else { 10_000 }),
+        reset_each_run: !ctx.quick,
+    };
+    postgres(ctx, t, md);
+    mariadb(ctx, t, md);
+    sqlite(t, md);
 }
