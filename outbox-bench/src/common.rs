@@ -16,10 +16,12 @@ pub struct Ctx {
     /// The PostgreSQL server, without a database.
     pub pg_server: String,
     /// The MariaDB server, without a database; empty to skip.
+    #[allow(dead_code)] // read by the sections that use MariaDB
     pub mysql_server: String,
     /// The Kafka-protocol broker; empty to skip.
     pub kafka: String,
     /// Where the report goes (PNGs go next to it).
+    #[allow(dead_code)] // read by the sections that write plots
     pub out_dir: std::path::PathBuf,
     /// A runtime for the relays.
     pub rt: tokio::runtime::Runtime,
