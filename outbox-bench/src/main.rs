@@ -3,6 +3,7 @@
 
 mod common;
 mod drain;
+mod peers;
 mod write;
 
 use std::fmt::Write as _;
@@ -101,6 +102,7 @@ fn main() {
     };
     write::section(&ctx, &mut md);
     drain::section(&ctx, &mut md);
+    peers::section(&ctx, &mut md);
     drop(ctx);
     exec(&mut admin, &format!("DROP DATABASE {db} WITH (FORCE)"));
     std::fs::write(&args.out, &md).expect("write report");
