@@ -206,7 +206,8 @@ pub fn section(ctx: &Ctx, md: &mut String) {
          relay's start until the library's own table says every event is published (the peers' \
          tables polled by SQL every 20 ms); {}; a drain still running after {} s is stopped and \
          its rate is over the events it published. write events/s: the backlog written through \
-         the library's own write API, 1,000 events per transaction. The peers run in their own \
+         the library's own write API, 1,000 events per transaction (ours: once, when the \
+         backlog's template is filled; the peers: at each run). The peers run in their own \
          process (`outbox-bench/peers`, built with `cargo build --release`), each on a database \
          of its own created for the run; the runs are interleaved (ours, oxide, ruststream, \
          again) so that they share the machine's noise.\n",

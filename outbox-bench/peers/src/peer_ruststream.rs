@@ -122,8 +122,10 @@ pub async fn run(args: &Args, url: &str) -> Result<Outcome, String> {
          one subscription, .batch({}) and the default sequential dispatch, reply through \
          KafkaPublish::default() (each reply's delivery report awaited before \
          the next; librdkafka defaults such as linger.ms 5), ack deletes the rows; \
-         the write path is Insert::insert in the writer's transaction; topic \
-         bench.peer.ruststream, broker defaults otherwise (poll_interval 1 s, no LISTEN/NOTIFY)",
+         the records carry no Kafka key (a batch reply is built from the reply alone; the \
+         row's partition_key does not reach it); the write path is Insert::insert in the \
+         writer's transaction; topic bench.peer.ruststream, broker defaults otherwise \
+         (poll_interval 1 s, no LISTEN/NOTIFY)",
         args.batch
     );
     match stopped {
