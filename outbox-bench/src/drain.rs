@@ -196,12 +196,14 @@ pub fn pending(conn: &mut PgConnection) -> i64 {
     .c
 }
 
-/// Fills the template of `n` events over 1,000 aggregates, through `transaction_with_outbox`.
-pub fn fill_template(conn: &mut PgConnection, n: usize) {
+/// Fills the template of `n` events over 1,000 aggregates, through `transaction_with_outbox`
+/// (1,000 events per transaction); returns the seconds the writes took.
+pub fn fill_template(conn: &mut PgConnection, n: usize) -> f64 {
     exec(conn, "DROP TABLE IF EXISTS bench_template");
     exec(conn, "TRUNCATE outbox_events");
     let mut left = n;
     let mut i = 0i64;
+    let start = Instant::now();
     while left > 0 {
         let k = left.min(1000);
         conn.transaction_with_outbox(|tx| {
@@ -218,12 +220,14 @@ pub fn fill_template(conn: &mut PgConnection, n: usize) {
         .expect("fill");
         left -= k;
     }
+    let secs = start.elapsed().as_secs_f64();
     exec(
         conn,
         "CREATE TABLE bench_template AS SELECT row_number() OVER (ORDER BY seq) AS n, \
          aggregate_type, aggregate_id, event_type, event_version, payload, headers, shard, \
          created_at FROM outbox_events",
     );
+    secs
 }
 
 #[allow(clippy::too_many_arguments)]

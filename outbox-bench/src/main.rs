@@ -5,6 +5,7 @@
 mod common;
 mod drain;
 mod latency;
+mod peers;
 mod plot;
 mod write;
 
@@ -111,6 +112,9 @@ fn main() {
     }
     if on("drain") {
         drain::section(&ctx, &mut md);
+    }
+    if on("peers") {
+        peers::section(&ctx, &mut md);
     }
     if on("latency") {
         latency::section(&ctx, &mut md);
