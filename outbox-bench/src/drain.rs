@@ -162,8 +162,8 @@ pub struct Drain {
     pub profile: Option<String>,
 }
 
-/// Empties the outbox and the relay coordination tables, then copies the template back in.
-pub fn reset_outbox(conn: &mut PgConnection) {
+/// Empties the outbox and the relay coordination tables.
+pub fn clear_outbox(conn: &mut PgConnection) {
     exec(conn, "TRUNCATE outbox_events");
     exec(
         conn,
@@ -171,6 +171,11 @@ pub fn reset_outbox(conn: &mut PgConnection) {
     );
     exec(conn, "DELETE FROM outbox_relays");
     exec(conn, "DELETE FROM outbox_leader");
+}
+
+/// Empties the outbox and the relay coordination tables, then copies the template back in.
+pub fn reset_outbox(conn: &mut PgConnection) {
+    clear_outbox(conn);
     exec(
         conn,
         "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version, \
@@ -352,6 +357,22 @@ pub async fn drain_ours(
     }
 }
 
+/// The figures of a baseline drain that has emptied the outbox.
+fn baseline_done(conn: &mut PgConnection, n: i64, start: Instant, cpu0: &Cpu) -> Drain {
+    let elapsed = start.elapsed().as_secs_f64();
+    let (pg_cpu, bench_cpu) = Cpu::now().since(cpu0);
+    assert_eq!(pending(conn), 0);
+    Drain {
+        rate: n as f64 / elapsed,
+        capped: None,
+        pg_cpu,
+        bench_cpu,
+        broker_cpu: 0.0,
+        series: Vec::new(),
+        profile: None,
+    }
+}
+
 /// The textbook relay: one transaction per batch of 100 that selects `FOR UPDATE SKIP LOCKED`,
 /// publishes each row inside it (to the null publisher) and UPDATEs each row one by one.
 pub fn drain_textbook(url: &str, relays: usize, n: i64) -> Drain {
@@ -400,18 +421,7 @@ pub fn drain_textbook(url: &str, relays: usize, n: i64) -> Drain {
             });
         }
     });
-    let elapsed = start.elapsed().as_secs_f64();
-    let (pg_cpu, bench_cpu) = Cpu::now().since(&cpu0);
-    assert_eq!(pending(&mut conn), 0);
-    Drain {
-        rate: n as f64 / elapsed,
-        capped: None,
-        pg_cpu,
-        bench_cpu,
-        broker_cpu: 0.0,
-        series: Vec::new(),
-        profile: None,
-    }
+    baseline_done(&mut conn, n, start, &cpu0)
 }
 
 /// The SQL ceiling: a set-based claim (lease UPDATE over SKIP LOCKED) and a set-based mark,
@@ -455,18 +465,7 @@ pub fn drain_ceiling(url: &str, relays: usize, batch: usize, n: i64) -> Drain {
             });
         }
     });
-    let elapsed = start.elapsed().as_secs_f64();
-    let (pg_cpu, bench_cpu) = Cpu::now().since(&cpu0);
-    assert_eq!(pending(&mut conn), 0);
-    Drain {
-        rate: n as f64 / elapsed,
-        capped: None,
-        pg_cpu,
-        bench_cpu,
-        broker_cpu: 0.0,
-        series: Vec::new(),
-        profile: None,
-    }
+    baseline_done(&mut conn, n, start, &cpu0)
 }
 
 /// One drain to run: what, with how many relays, which batch, where to.

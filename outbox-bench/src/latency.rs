@@ -115,21 +115,11 @@ struct Run {
     acks: Acks,
 }
 
-fn clear(conn: &mut PgConnection) {
-    exec(conn, "TRUNCATE outbox_events");
-    exec(
-        conn,
-        "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL",
-    );
-    exec(conn, "DELETE FROM outbox_relays");
-    exec(conn, "DELETE FROM outbox_leader");
-}
-
 /// One relay (Kafka), one writer committing one event per transaction at [`RATE`] for `dur`.
 fn run(ctx: &Ctx, listen: bool, mode: Mode, dur: Duration) -> Result<Run, String> {
     let n = (RATE * dur.as_secs()) as usize;
     let mut conn = PgConnection::establish(&ctx.url).map_err(|e| e.to_string())?;
-    clear(&mut conn);
+    crate::drain::clear_outbox(&mut conn);
     outbox::notify::set_interval(listen.then_some(Duration::from_millis(100)));
     let acks = Arc::new(Mutex::new(Acks::new(n)));
     let kafka = outbox::kafka::KafkaPublisher::builder()
