@@ -3,6 +3,7 @@
 
 mod common;
 mod drain;
+mod scale;
 mod write;
 
 use std::fmt::Write as _;
@@ -31,10 +32,36 @@ struct Args {
     /// Where to write the report (the PNG plots go next to it).
     #[arg(long, default_value = "docs/BENCHMARKS.md")]
     out: String,
+    /// Internal: run one relay against this database URL until `--events` are published and
+    /// print its figures (the scale section runs each relay in its own process).
+    #[arg(long, hide = true)]
+    relay_child: Option<String>,
+    /// Internal (`--relay-child`): the relay mode.
+    #[arg(long, hide = true, default_value = "sharded")]
+    mode: outbox::relay::Mode,
+    /// Internal (`--relay-child`): rows per claim.
+    #[arg(long, hide = true, default_value_t = 1000)]
+    batch: usize,
+    /// Internal (`--relay-child`): stop once this many events are published.
+    #[arg(long, hide = true, default_value_t = 0)]
+    events: u64,
+    /// Internal (`--relay-child`): stop after this many seconds in any case.
+    #[arg(long, hide = true, default_value_t = 600)]
+    cap: u64,
 }
 
 fn main() {
     let args = Args::parse();
+    if let Some(url) = &args.relay_child {
+        scale::relay_child(
+            url,
+            args.mode,
+            args.batch,
+            args.events,
+            std::time::Duration::from_secs(args.cap),
+        );
+        return;
+    }
     let quick = args.quick;
     let db = format!("outbox_bench_{}", std::process::id());
     let mut admin = PgConnection::establish(&format!("{}/postgres", args.pg)).expect("connect");
@@ -101,6 +128,7 @@ fn main() {
     };
     write::section(&ctx, &mut md);
     drain::section(&ctx, &mut md);
+    scale::section(&ctx, &mut md);
     drop(ctx);
     exec(&mut admin, &format!("DROP DATABASE {db} WITH (FORCE)"));
     std::fs::write(&args.out, &md).expect("write report");
