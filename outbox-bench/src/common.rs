@@ -14,12 +14,15 @@ pub struct Ctx {
     /// The bench's own PostgreSQL database (migrated, with `bench_orders`).
     pub url: String,
     /// The PostgreSQL server, without a database.
+    #[allow(dead_code)]
     pub pg_server: String,
     /// The MariaDB server, without a database; empty to skip.
+    #[allow(dead_code)]
     pub mysql_server: String,
     /// The Kafka-protocol broker; empty to skip.
     pub kafka: String,
     /// Where the report goes (PNGs go next to it).
+    #[allow(dead_code)]
     pub out_dir: std::path::PathBuf,
     /// A runtime for the relays.
     pub rt: tokio::runtime::Runtime,

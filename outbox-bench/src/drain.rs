@@ -45,6 +45,7 @@ pub struct Drain {
     /// CPU seconds of this process during the drain.
     pub bench_cpu: f64,
     /// (seconds since the start, events published so far), every 100 ms (ours only).
+    #[allow(dead_code)]
     pub series: Vec<(f64, u64)>,
 }
 
@@ -401,7 +402,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             for mode in [Mode::Unordered, Mode::Sharded, Mode::Leader] {
                 for sink in [Sink::Null, Sink::Memory] {
                     let d = rt.block_on(drain_ours(
-                        &url, mode, relays, batch, sink, &ctx.kafka, backlog, cap,
+                        url, mode, relays, batch, sink, &ctx.kafka, backlog, cap,
                     ));
                     row(
                         md,
@@ -426,7 +427,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
         for mode in [Mode::Unordered, Mode::Sharded] {
             for relays in [1usize, 2] {
                 let d = rt.block_on(drain_ours(
-                    &url,
+                    url,
                     mode,
                     relays,
                     1000,
