@@ -166,6 +166,24 @@ fn fill(conn: &mut PgConnection, n: i64) -> f64 {
     start.elapsed().as_secs_f64()
 }
 
+/// Blocks of this database found in shared buffers and read from outside them so far.
+fn blocks(conn: &mut PgConnection) -> (i64, i64) {
+    #[derive(QueryableByName)]
+    struct B {
+        #[diesel(sql_type = BigInt)]
+        hit: i64,
+        #[diesel(sql_type = BigInt)]
+        read: i64,
+    }
+    let b = diesel::sql_query(
+        "SELECT blks_hit AS hit, blks_read AS read FROM pg_stat_database \
+         WHERE datname = current_database()",
+    )
+    .get_result::<B>(conn)
+    .expect("pg_stat_database");
+    (b.hit, b.read)
+}
+
 /// The outbox's relations: (name, bytes).
 fn sizes(conn: &mut PgConnection) -> Vec<(String, i64)> {
     #[derive(QueryableByName)]
@@ -337,7 +355,14 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             }
             let (start_ms, start_bufs) = explain_claim(&mut conn, mode, batch);
             eprintln!("scale: draining {n} events ({name})");
+            let blocks0 = blocks(&mut conn);
             let (r, pg_cpu) = run_child(&ctx.url, mode, batch, n, cap(mode, n));
+            let blocks1 = blocks(&mut conn);
+            let per_event = |d: i64| d as f64 / r.published.max(1) as f64;
+            let (hit, read) = (
+                per_event(blocks1.0 - blocks0.0),
+                per_event(blocks1.1 - blocks0.1),
+            );
             let left = pending(&mut conn);
             let capped = r.published < n as u64;
             assert!(capped || left == 0, "{name} {n}: {left} rows left");
@@ -356,6 +381,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             let fifth = (n as u64).div_ceil(5) as f64;
             let line = format!(
                 "| {} | {name} | {fill_s:.1} | {}{} | {vs} | {} / {} | {:.1} ({:.1}) | {pg_cpu:.1} | \
+                 {hit:.1} / {read:.2} | \
                  {start_ms:.1} ms, {} buffers | {end_ms:.1} ms, {} buffers |",
                 fmt_n(n as f64),
                 fmt_n(rate),
@@ -405,7 +431,9 @@ pub fn section(ctx: &Ctx, md: &mut String) {
          from the relay's start until the last event is marked published; *first / last fifth* \
          is the rate over the first and the last 20 % of the events. *vs 10,000 rows*: the rate \
          over the rate of the same mode with 10,000 rows (1.00 = flat). {}Postgres CPU: seconds \
-         of all `postgres` processes during the drain. The claim columns are `EXPLAIN (ANALYZE, \
+         of all `postgres` processes during the drain. *Buffers per event*: blocks found in \
+         shared_buffers / blocks read from outside it (the OS cache or the disk) by this \
+         database during the drain (`pg_stat_database`), per event published. The claim columns are `EXPLAIN (ANALYZE, \
          BUFFERS)` of one claim of {batch} rows (rolled back) on the filled table, and after \
          the drain (the second of two, so that the first has marked what it could; after a \
          whole drain it finds nothing): execution time and shared buffers touched. The \
@@ -436,7 +464,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
     );
     let _ = writeln!(
         md,
-        "| pending rows | mode | fill s | drain events/s | vs 10,000 rows | first / last fifth events/s | relay peak RSS MiB (at start) | postgres CPU s | claim before the drain | claim after the drain |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| pending rows | mode | fill s | drain events/s | vs 10,000 rows | first / last fifth events/s | relay peak RSS MiB (at start) | postgres CPU s | buffers per event: hit / read | claim before the drain | claim after the drain |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for line in &table {
         let _ = writeln!(md, "{line}");
