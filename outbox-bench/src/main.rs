@@ -7,6 +7,7 @@ mod drain;
 mod latency;
 mod peers;
 mod plot;
+mod scale;
 mod write;
 
 use std::fmt::Write as _;
@@ -43,10 +44,36 @@ struct Args {
     /// Run only these sections (comma-separated: write, drain, …); all when empty.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Internal: run one relay against this database URL until `--events` are published and
+    /// print its figures (the scale section runs each relay in its own process).
+    #[arg(long, hide = true)]
+    relay_child: Option<String>,
+    /// Internal (`--relay-child`): the relay mode.
+    #[arg(long, hide = true, default_value = "sharded")]
+    mode: outbox::relay::Mode,
+    /// Internal (`--relay-child`): rows per claim.
+    #[arg(long, hide = true, default_value_t = 1000)]
+    batch: usize,
+    /// Internal (`--relay-child`): stop once this many events are published.
+    #[arg(long, hide = true, default_value_t = 0)]
+    events: u64,
+    /// Internal (`--relay-child`): stop after this many seconds in any case.
+    #[arg(long, hide = true, default_value_t = 600)]
+    cap: u64,
 }
 
 fn main() {
     let args = Args::parse();
+    if let Some(url) = &args.relay_child {
+        scale::relay_child(
+            url,
+            args.mode,
+            args.batch,
+            args.events,
+            std::time::Duration::from_secs(args.cap),
+        );
+        return;
+    }
     let quick = args.quick;
     let db = format!("outbox_bench_{}", std::process::id());
     let mut admin = PgConnection::establish(&format!("{}/postgres", args.pg)).expect("connect");
@@ -112,6 +139,9 @@ fn main() {
     }
     if on("drain") {
         drain::section(&ctx, &mut md);
+    }
+    if on("scale") {
+        scale::section(&ctx, &mut md);
     }
     if on("peers") {
         peers::section(&ctx, &mut md);
