@@ -21,6 +21,10 @@ pub struct Ctx {
     pub kafka: String,
     /// Where the report goes (PNGs go next to it).
     pub out_dir: std::path::PathBuf,
+    /// What the plots' file names start with: the report's name, lowercased
+    /// (`docs/BENCHMARKS.md` → `benchmarks-latency.png`), so that reports side by side keep
+    /// their own pictures.
+    pub plot_prefix: String,
     /// A runtime for the relays.
     pub rt: tokio::runtime::Runtime,
 }

@@ -390,38 +390,49 @@ pub fn drain_textbook(url: &str, relays: usize, n: i64) -> Drain {
     reset_outbox(&mut conn);
     let cpu0 = Cpu::now();
     let start = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..relays {
-            s.spawn(|| {
-                let mut c = PgConnection::establish(url).expect("connect");
-                loop {
-                    let got = c
-                        .transaction(|c| {
-                            let rows: Vec<Row> = diesel::sql_query(
-                                "SELECT seq, aggregate_id, payload::text AS payload \
+    // Each thread hands its connection back, so that its server process is still there (and
+    // counted) when the drain's CPU is read.
+    let conns = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..relays)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut c = PgConnection::establish(url).expect("connect");
+                    loop {
+                        let got = c
+                            .transaction(|c| {
+                                let rows: Vec<Row> = diesel::sql_query(
+                                    "SELECT seq, aggregate_id, payload::text AS payload \
                                  FROM outbox_events WHERE published_at IS NULL \
                                  ORDER BY seq LIMIT 100 FOR UPDATE SKIP LOCKED",
-                            )
-                            .load(c)?;
-                            for r in &rows {
-                                std::hint::black_box(&r.payload); // "publish"
-                                diesel::sql_query(
+                                )
+                                .load(c)?;
+                                for r in &rows {
+                                    std::hint::black_box(&r.payload); // "publish"
+                                    diesel::sql_query(
                                     "UPDATE outbox_events SET published_at = now() WHERE seq = $1",
                                 )
                                 .bind::<BigInt, _>(r.seq)
                                 .execute(c)?;
-                            }
-                            QueryResult::Ok(rows.len())
-                        })
-                        .expect("textbook");
-                    if got == 0 {
-                        break;
+                                }
+                                QueryResult::Ok(rows.len())
+                            })
+                            .expect("textbook");
+                        if got == 0 {
+                            break;
+                        }
                     }
-                }
-            });
-        }
+                    c
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("relay"))
+            .collect::<Vec<_>>()
     });
-    baseline_done(&mut conn, n, start, &cpu0)
+    let done = baseline_done(&mut conn, n, start, &cpu0);
+    drop(conns);
+    done
 }
 
 /// The SQL ceiling: a set-based claim (lease UPDATE over SKIP LOCKED) and a set-based mark,
@@ -436,36 +447,45 @@ pub fn drain_ceiling(url: &str, relays: usize, batch: usize, n: i64) -> Drain {
     reset_outbox(&mut conn);
     let cpu0 = Cpu::now();
     let start = Instant::now();
-    std::thread::scope(|s| {
-        for r in 0..relays {
-            s.spawn(move || {
-                let mut c = PgConnection::establish(url).expect("connect");
-                let claim = format!(
-                    "UPDATE outbox_events o SET locked_by = 'ceiling-{r}', \
+    let conns = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..relays)
+            .map(|r| {
+                s.spawn(move || {
+                    let mut c = PgConnection::establish(url).expect("connect");
+                    let claim = format!(
+                        "UPDATE outbox_events o SET locked_by = 'ceiling-{r}', \
                      locked_until = now() + interval '30 seconds', attempts = o.attempts + 1 \
                      FROM (SELECT seq FROM outbox_events WHERE published_at IS NULL \
                      AND dead_at IS NULL AND (locked_until IS NULL OR locked_until < now()) \
                      ORDER BY seq LIMIT {batch} FOR UPDATE SKIP LOCKED) c \
                      WHERE o.seq = c.seq RETURNING o.seq"
-                );
-                loop {
-                    let seqs: Vec<Seq> = diesel::sql_query(&claim).load(&mut c).expect("claim");
-                    if seqs.is_empty() {
-                        break;
-                    }
-                    let ids: Vec<i64> = seqs.iter().map(|s| s.seq).collect();
-                    diesel::sql_query(
-                        "UPDATE outbox_events SET published_at = now(), locked_by = NULL, \
+                    );
+                    loop {
+                        let seqs: Vec<Seq> = diesel::sql_query(&claim).load(&mut c).expect("claim");
+                        if seqs.is_empty() {
+                            break;
+                        }
+                        let ids: Vec<i64> = seqs.iter().map(|s| s.seq).collect();
+                        diesel::sql_query(
+                            "UPDATE outbox_events SET published_at = now(), locked_by = NULL, \
                          locked_until = NULL WHERE seq = ANY($1) AND locked_by IS NOT NULL",
-                    )
-                    .bind::<Array<BigInt>, _>(ids)
-                    .execute(&mut c)
-                    .expect("mark");
-                }
-            });
-        }
+                        )
+                        .bind::<Array<BigInt>, _>(ids)
+                        .execute(&mut c)
+                        .expect("mark");
+                    }
+                    c
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("relay"))
+            .collect::<Vec<_>>()
     });
-    baseline_done(&mut conn, n, start, &cpu0)
+    let done = baseline_done(&mut conn, n, start, &cpu0);
+    drop(conns);
+    done
 }
 
 /// One drain to run: what, with how many relays, which batch, where to.

@@ -404,11 +404,12 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             fmt_n(RATE as f64),
             poll.as_millis()
         );
-        match plot::latency_histogram(&ctx.out_dir.join("bench-latency.png"), &title, &hist) {
+        let file = format!("{}-latency.png", ctx.plot_prefix);
+        match plot::latency_histogram(&ctx.out_dir.join(&file), &title, &hist) {
             Ok(()) => {
                 let _ = writeln!(
                     md,
-                    "\n![Histogram of COMMIT → ack latencies, LISTEN/NOTIFY and polling only](bench-latency.png)\n"
+                    "\n![Histogram of COMMIT → ack latencies, LISTEN/NOTIFY and polling only]({file})\n"
                 );
             }
             Err(e) => {
@@ -487,11 +488,12 @@ fn drain_plot(ctx: &Ctx, md: &mut String) {
         "Drain of {} events, 1 relay, batch 1000, null publisher",
         fmt_n(backlog as f64)
     );
-    match plot::rate_over_time(&ctx.out_dir.join("bench-drain-rate.png"), &title, &series) {
+    let file = format!("{}-drain-rate.png", ctx.plot_prefix);
+    match plot::rate_over_time(&ctx.out_dir.join(&file), &title, &series) {
         Ok(()) => {
             let _ = writeln!(
                 md,
-                "\n![Events published per second during the drains, by mode](bench-drain-rate.png)\n"
+                "\n![Events published per second during the drains, by mode]({file})\n"
             );
         }
         Err(e) => {

@@ -124,6 +124,9 @@ fn main() {
         .map(std::path::Path::to_path_buf)
         .unwrap_or_default();
     let _ = std::fs::create_dir_all(&out_dir);
+    let plot_prefix = std::path::Path::new(&args.out)
+        .file_stem()
+        .map_or("benchmarks".into(), |s| s.to_string_lossy().to_lowercase());
     let ctx = Ctx {
         quick,
         url,
@@ -131,6 +134,7 @@ fn main() {
         mysql_server: args.mysql.clone(),
         kafka: args.kafka.clone(),
         out_dir,
+        plot_prefix,
         rt,
     };
     let on = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
