@@ -29,6 +29,8 @@ pub struct ChildReport {
     /// Resident memory before the relay started, and the process's peak (VmHWM), in KiB.
     pub rss_start_kib: u64,
     pub hwm_kib: u64,
+    /// CPU seconds of all `postgres` processes while the relay drained.
+    pub pg_cpu: f64,
 }
 
 /// A field of /proc/self/status in KiB.
@@ -52,7 +54,7 @@ pub fn relay_child(url: &str, mode: Mode, batch: usize, events: u64, cap: Durati
         .build()
         .expect("runtime");
     let rss_start_kib = status_kib("VmRSS");
-    let (secs, published, first_fifth_secs, last_fifth_secs) = rt.block_on(async {
+    let (secs, published, first_fifth_secs, last_fifth_secs, pg_cpu) = rt.block_on(async {
         let config = RelayConfig {
             relay_id: format!("scale-{}", std::process::id()),
             mode,
@@ -63,6 +65,7 @@ pub fn relay_child(url: &str, mode: Mode, batch: usize, events: u64, cap: Durati
         let relay = Relay::new(PgRelayStore::new(url), Null, config).expect("config");
         let stats = relay.stats();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let cpu0 = Cpu::now();
         let start = Instant::now();
         let handle = tokio::spawn(relay.run(async move {
             let _ = stopped.await;
@@ -84,10 +87,12 @@ pub fn relay_child(url: &str, mode: Mode, batch: usize, events: u64, cap: Durati
             tokio::time::sleep(Duration::from_millis(2)).await;
         };
         let secs = start.elapsed().as_secs_f64();
+        // Read while the relay's connection (and its server process) is still there.
+        let (pg_cpu, _) = Cpu::now().since(&cpu0);
         let _ = stop.send(());
         let _ = handle.await;
         let last = (published >= events).then(|| last_start.map(|l| secs - l));
-        (secs, published, first, last.flatten())
+        (secs, published, first, last.flatten(), pg_cpu)
     });
     let report = ChildReport {
         secs,
@@ -96,12 +101,14 @@ pub fn relay_child(url: &str, mode: Mode, batch: usize, events: u64, cap: Durati
         last_fifth_secs,
         rss_start_kib,
         hwm_kib: status_kib("VmHWM"),
+        pg_cpu,
     };
     println!("{}", serde_json::to_string(&report).expect("json"));
 }
 
 /// Runs one relay in a child process; returns its report and the CPU seconds of all
-/// `postgres` processes meanwhile.
+/// `postgres` processes meanwhile (as the child measured them: after it exits, its server
+/// process is gone from /proc).
 fn run_child(
     url: &str,
     mode: Mode,
@@ -110,7 +117,6 @@ fn run_child(
     cap: Duration,
 ) -> (ChildReport, f64) {
     let exe = std::env::current_exe().expect("current_exe");
-    let cpu0 = Cpu::now();
     let out = std::process::Command::new(exe)
         .args(["--relay-child", url])
         .args(["--mode", &format!("{mode:?}").to_lowercase()])
@@ -120,12 +126,12 @@ fn run_child(
         .stderr(std::process::Stdio::inherit())
         .output()
         .expect("run the relay child");
-    let (pg_cpu, _) = Cpu::now().since(&cpu0);
     assert!(out.status.success(), "relay child failed: {}", out.status);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().last().unwrap_or_default();
     let report: ChildReport =
         serde_json::from_str(line).unwrap_or_else(|e| panic!("relay child said {line:?}: {e}"));
+    let pg_cpu = report.pg_cpu;
     (report, pg_cpu)
 }
 
