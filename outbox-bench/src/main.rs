@@ -102,10 +102,10 @@ fn main() {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
-    let cmd = format!(
-        "cargo run --release -p outbox-bench --{}",
-        if quick { " --quick" } else { "" }
-    );
+    // The command as it was given, so that a report made with `--only` or `--out` says so.
+    let given: Vec<String> = std::env::args().skip(1).collect();
+    let cmd = format!("cargo run --release -p outbox-bench -- {}", given.join(" "));
+    let cmd = cmd.trim_end();
     let mut md = String::new();
     let _ = writeln!(md, "# Benchmarks\n");
     let _ = writeln!(
