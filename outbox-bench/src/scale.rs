@@ -140,13 +140,7 @@ fn run_child(
 /// time-ordered UUIDv7-shaped ids, the shard from [`outbox::shard_of`]), then `ANALYZE` and
 /// `CHECKPOINT` so the drain does not pay for the fill's writes. Returns the seconds taken.
 fn fill(conn: &mut PgConnection, n: i64) -> f64 {
-    exec(conn, "TRUNCATE outbox_events");
-    exec(
-        conn,
-        "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL",
-    );
-    exec(conn, "DELETE FROM outbox_relays");
-    exec(conn, "DELETE FROM outbox_leader");
+    crate::drain::clear_outbox(conn);
     exec(conn, "CHECKPOINT");
     let shards: Vec<i16> = (0..1000)
         .map(|a: i32| outbox::shard_of("order", &a.to_string()))
