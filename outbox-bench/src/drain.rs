@@ -357,11 +357,40 @@ pub async fn drain_ours(
     }
 }
 
-/// The figures of a baseline drain that has emptied the outbox.
-fn baseline_done(conn: &mut PgConnection, n: i64, start: Instant, cpu0: &Cpu) -> Drain {
+/// Drains the backlog with `relays` threads, each with its own connection running `drain`
+/// (given the thread's number) until the outbox is empty; the figures of a baseline.
+fn drain_baseline(
+    url: &str,
+    relays: usize,
+    n: i64,
+    drain: impl Fn(usize, &mut PgConnection) + Sync,
+) -> Drain {
+    let mut conn = PgConnection::establish(url).expect("connect");
+    reset_outbox(&mut conn);
+    let cpu0 = Cpu::now();
+    let start = Instant::now();
+    // Each thread hands its connection back, so that its server process is still there (and
+    // counted) when the drain's CPU is read.
+    let conns = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..relays)
+            .map(|r| {
+                let drain = &drain;
+                s.spawn(move || {
+                    let mut c = PgConnection::establish(url).expect("connect");
+                    drain(r, &mut c);
+                    c
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("relay"))
+            .collect::<Vec<_>>()
+    });
     let elapsed = start.elapsed().as_secs_f64();
-    let (pg_cpu, bench_cpu) = Cpu::now().since(cpu0);
-    assert_eq!(pending(conn), 0);
+    let (pg_cpu, bench_cpu) = Cpu::now().since(&cpu0);
+    drop(conns);
+    assert_eq!(pending(&mut conn), 0);
     Drain {
         rate: n as f64 / elapsed,
         capped: None,
@@ -388,54 +417,32 @@ pub fn drain_textbook(url: &str, relays: usize, n: i64) -> Drain {
         #[diesel(sql_type = diesel::sql_types::Text)]
         payload: String,
     }
-    let mut conn = PgConnection::establish(url).expect("connect");
-    reset_outbox(&mut conn);
-    let cpu0 = Cpu::now();
-    let start = Instant::now();
-    // Each thread hands its connection back, so that its server process is still there (and
-    // counted) when the drain's CPU is read.
-    let conns = std::thread::scope(|s| {
-        let threads: Vec<_> = (0..relays)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut c = PgConnection::establish(url).expect("connect");
-                    loop {
-                        let got = c
-                            .transaction(|c| {
-                                let rows: Vec<Row> = diesel::sql_query(
-                                    "SELECT seq, aggregate_id, payload::text AS payload \
-                                 FROM outbox_events \
-                                 WHERE published_at IS NULL AND dead_at IS NULL \
-                                 ORDER BY seq LIMIT 100 FOR UPDATE SKIP LOCKED",
-                                )
-                                .load(c)?;
-                                for r in &rows {
-                                    std::hint::black_box(&r.payload); // "publish"
-                                    diesel::sql_query(
-                                    "UPDATE outbox_events SET published_at = now() WHERE seq = $1",
-                                )
-                                .bind::<BigInt, _>(r.seq)
-                                .execute(c)?;
-                                }
-                                QueryResult::Ok(rows.len())
-                            })
-                            .expect("textbook");
-                        if got == 0 {
-                            break;
-                        }
+    drain_baseline(url, relays, n, |_, c| {
+        loop {
+            let got = c
+                .transaction(|c| {
+                    let rows: Vec<Row> = diesel::sql_query(
+                        "SELECT seq, aggregate_id, payload::text AS payload FROM outbox_events \
+                     WHERE published_at IS NULL AND dead_at IS NULL \
+                     ORDER BY seq LIMIT 100 FOR UPDATE SKIP LOCKED",
+                    )
+                    .load(c)?;
+                    for r in &rows {
+                        std::hint::black_box(&r.payload); // "publish"
+                        diesel::sql_query(
+                            "UPDATE outbox_events SET published_at = now() WHERE seq = $1",
+                        )
+                        .bind::<BigInt, _>(r.seq)
+                        .execute(c)?;
                     }
-                    c
+                    QueryResult::Ok(rows.len())
                 })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().expect("relay"))
-            .collect::<Vec<_>>()
-    });
-    let done = baseline_done(&mut conn, n, start, &cpu0);
-    drop(conns);
-    done
+                .expect("textbook");
+            if got == 0 {
+                break;
+            }
+        }
+    })
 }
 
 /// The SQL ceiling: a set-based claim (lease UPDATE over SKIP LOCKED) and a set-based mark,
@@ -446,53 +453,33 @@ pub fn drain_ceiling(url: &str, relays: usize, batch: usize, n: i64) -> Drain {
         #[diesel(sql_type = BigInt)]
         seq: i64,
     }
-    let mut conn = PgConnection::establish(url).expect("connect");
-    reset_outbox(&mut conn);
-    let cpu0 = Cpu::now();
-    let start = Instant::now();
-    let conns = std::thread::scope(|s| {
-        let threads: Vec<_> = (0..relays)
-            .map(|r| {
-                s.spawn(move || {
-                    let mut c = PgConnection::establish(url).expect("connect");
-                    // The claimed rows are updated by primary key through
-                    // `seq = ANY(ARRAY(...))`; joined as `FROM (...) c WHERE o.seq = c.seq`,
-                    // PostgreSQL hash-joined them with a sequential scan of the whole table per
-                    // claim.
-                    let claim = format!(
-                        "UPDATE outbox_events o SET locked_by = 'ceiling-{r}', \
-                         locked_until = now() + interval '30 seconds', attempts = o.attempts + 1 \
-                         WHERE o.seq = ANY(ARRAY(SELECT seq FROM outbox_events \
-                         WHERE published_at IS NULL AND dead_at IS NULL \
-                         AND (locked_until IS NULL OR locked_until < now()) \
-                         ORDER BY seq LIMIT {batch} FOR UPDATE SKIP LOCKED)) RETURNING o.seq"
-                    );
-                    loop {
-                        let seqs: Vec<Seq> = diesel::sql_query(&claim).load(&mut c).expect("claim");
-                        if seqs.is_empty() {
-                            break;
-                        }
-                        let ids: Vec<i64> = seqs.iter().map(|s| s.seq).collect();
-                        diesel::sql_query(
-                            "UPDATE outbox_events SET published_at = now(), locked_by = NULL, \
-                         locked_until = NULL WHERE seq = ANY($1) AND locked_by IS NOT NULL",
-                        )
-                        .bind::<Array<BigInt>, _>(ids)
-                        .execute(&mut c)
-                        .expect("mark");
-                    }
-                    c
-                })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().expect("relay"))
-            .collect::<Vec<_>>()
-    });
-    let done = baseline_done(&mut conn, n, start, &cpu0);
-    drop(conns);
-    done
+    drain_baseline(url, relays, n, |r, c| {
+        // The claimed rows are updated by primary key through `seq = ANY(ARRAY(...))`; joined
+        // as `FROM (...) c WHERE o.seq = c.seq`, PostgreSQL hash-joined them with a sequential
+        // scan of the whole table per claim.
+        let claim = format!(
+            "UPDATE outbox_events o SET locked_by = 'ceiling-{r}', \
+             locked_until = now() + interval '30 seconds', attempts = o.attempts + 1 \
+             WHERE o.seq = ANY(ARRAY(SELECT seq FROM outbox_events \
+             WHERE published_at IS NULL AND dead_at IS NULL \
+             AND (locked_until IS NULL OR locked_until < now()) \
+             ORDER BY seq LIMIT {batch} FOR UPDATE SKIP LOCKED)) RETURNING o.seq"
+        );
+        loop {
+            let seqs: Vec<Seq> = diesel::sql_query(&claim).load(c).expect("claim");
+            if seqs.is_empty() {
+                break;
+            }
+            let ids: Vec<i64> = seqs.iter().map(|s| s.seq).collect();
+            diesel::sql_query(
+                "UPDATE outbox_events SET published_at = now(), locked_by = NULL, \
+                 locked_until = NULL WHERE seq = ANY($1) AND locked_by IS NOT NULL",
+            )
+            .bind::<Array<BigInt>, _>(ids)
+            .execute(c)
+            .expect("mark");
+        }
+    })
 }
 
 /// One drain to run: what, with how many relays, which batch, where to.
