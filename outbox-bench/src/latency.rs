@@ -404,19 +404,13 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             fmt_n(RATE as f64),
             poll.as_millis()
         );
-        let file = format!("{}-latency.png", ctx.plot_prefix);
-        match plot::latency_histogram(&ctx.out_dir.join(&file), &title, &hist) {
-            Ok(()) => {
-                let _ = writeln!(
-                    md,
-                    "\n![Histogram of COMMIT → ack latencies, LISTEN/NOTIFY and polling only]({file})\n"
-                );
-            }
-            Err(e) => {
-                eprintln!("plot: {e}");
-                let _ = writeln!(md, "\n(The latency histogram could not be drawn: {e}.)\n");
-            }
-        }
+        embed_plot(
+            ctx,
+            md,
+            "latency",
+            "Histogram of COMMIT → ack latencies, LISTEN/NOTIFY and polling only",
+            |path| plot::latency_histogram(path, &title, &hist),
+        );
     }
     drain_plot(ctx, md);
 }
@@ -488,17 +482,32 @@ fn drain_plot(ctx: &Ctx, md: &mut String) {
         "Drain of {} events, 1 relay, batch 1000, null publisher",
         fmt_n(backlog as f64)
     );
-    let file = format!("{}-drain-rate.png", ctx.plot_prefix);
-    match plot::rate_over_time(&ctx.out_dir.join(&file), &title, &series) {
+    embed_plot(
+        ctx,
+        md,
+        "drain-rate",
+        "Events published per second during the drains, by mode",
+        |path| plot::rate_over_time(path, &title, &series),
+    );
+}
+
+/// Draws `<prefix>-<name>.png` next to the report and links it, or says in the report why it
+/// could not be drawn.
+fn embed_plot(
+    ctx: &Ctx,
+    md: &mut String,
+    name: &str,
+    alt: &str,
+    draw: impl FnOnce(&std::path::Path) -> Result<(), String>,
+) {
+    let file = format!("{}-{name}.png", ctx.plot_prefix);
+    match draw(&ctx.out_dir.join(&file)) {
         Ok(()) => {
-            let _ = writeln!(
-                md,
-                "\n![Events published per second during the drains, by mode]({file})\n"
-            );
+            let _ = writeln!(md, "\n![{alt}]({file})\n");
         }
         Err(e) => {
-            eprintln!("plot: {e}");
-            let _ = writeln!(md, "\n(The drain-rate plot could not be drawn: {e}.)\n");
+            eprintln!("plot {file}: {e}");
+            let _ = writeln!(md, "\n(The plot {file} could not be drawn: {e}.)\n");
         }
     }
 }
