@@ -156,8 +156,16 @@ macro_rules! marker {
     };
 }
 
-marker!(Transient, Transient, "transient (an outage: retried until it passes)");
-marker!(Permanent, Permanent, "permanent (poison: counted, then dead-lettered)");
+marker!(
+    Transient,
+    Transient,
+    "transient (an outage: retried until it passes)"
+);
+marker!(
+    Permanent,
+    Permanent,
+    "permanent (poison: counted, then dead-lettered)"
+);
 
 /// The class of `error`: see the [module documentation](self) for the order in which the
 /// markers, `extra` (the consumer's own classifiers), [`CLASSIFIERS`] and the built-in

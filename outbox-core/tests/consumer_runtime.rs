@@ -664,8 +664,10 @@ async fn transient_errors_are_retried_beyond_max_attempts_in_order(broker: Broke
                     Some(n) if n % 2 == 0 => Err(Box::new(Transient::new(format!(
                         "the payment provider is rate limiting (failure {n})"
                     ))) as outbox_core::BoxError),
-                    Some(_) => Err(Box::new(DbDown(std::io::ErrorKind::ConnectionRefused.into()))
-                        as outbox_core::BoxError),
+                    Some(_) => Err(
+                        Box::new(DbDown(std::io::ErrorKind::ConnectionRefused.into()))
+                            as outbox_core::BoxError,
+                    ),
                     None => Ok(Outcome::Applied(())),
                 }
             }
@@ -690,7 +692,12 @@ async fn transient_errors_are_retried_beyond_max_attempts_in_order(broker: Broke
             .filter(|(o, _)| *o == order)
             .map(|(_, n)| *n)
             .collect();
-        assert_eq!(seq, (0..20).collect::<Vec<_>>(), "{}: order {order}", broker.name);
+        assert_eq!(
+            seq,
+            (0..20).collect::<Vec<_>>(),
+            "{}: order {order}",
+            broker.name
+        );
     }
 }
 

@@ -171,21 +171,48 @@ mod tests {
     fn outages_of_the_database_are_transient() {
         use DatabaseErrorKind::*;
         let transient = [
-            db(SerializationFailure, "could not serialize access due to concurrent update"),
-            db(SerializationFailure, "Deadlock found when trying to get lock; try restarting transaction"),
-            db(ClosedConnection, "server closed the connection unexpectedly"),
-            db(UnableToSendCommand, "error communicating with the server: Connection refused"),
-            db(ReadOnlyTransaction, "cannot execute INSERT in a read-only transaction"),
+            db(
+                SerializationFailure,
+                "could not serialize access due to concurrent update",
+            ),
+            db(
+                SerializationFailure,
+                "Deadlock found when trying to get lock; try restarting transaction",
+            ),
+            db(
+                ClosedConnection,
+                "server closed the connection unexpectedly",
+            ),
+            db(
+                UnableToSendCommand,
+                "error communicating with the server: Connection refused",
+            ),
+            db(
+                ReadOnlyTransaction,
+                "cannot execute INSERT in a read-only transaction",
+            ),
             db(Unknown, "deadlock detected"),
             db(Unknown, "canceling statement due to lock timeout"),
             db(Unknown, "FATAL:  the database system is starting up"),
             db(Unknown, "the database system is shutting down"),
-            db(Unknown, "terminating connection due to administrator command"),
-            db(Unknown, "Lock wait timeout exceeded; try restarting transaction"),
+            db(
+                Unknown,
+                "terminating connection due to administrator command",
+            ),
+            db(
+                Unknown,
+                "Lock wait timeout exceeded; try restarting transaction",
+            ),
             db(Unknown, "MySQL server has gone away"),
             db(Unknown, "Lost connection to MySQL server during query"),
-            db(Unknown, "Input/output error: Connection reset by peer (os error 104)"),
-            db(Unknown, "The MySQL server is running with the --read-only option"),
+            db(
+                Unknown,
+                "Input/output error: Connection reset by peer (os error 104)",
+            ),
+            db(
+                Unknown,
+                "The MySQL server is running with the --read-only option",
+            ),
             QueryError::BrokenTransactionManager,
         ];
         for e in &transient {
@@ -204,9 +231,15 @@ mod tests {
         use DatabaseErrorKind::*;
         for e in [
             QueryError::NotFound,
-            db(UniqueViolation, "duplicate key value violates unique constraint"),
+            db(
+                UniqueViolation,
+                "duplicate key value violates unique constraint",
+            ),
             db(CheckViolation, "new row violates check constraint"),
-            db(ForeignKeyViolation, "insert or update violates foreign key constraint"),
+            db(
+                ForeignKeyViolation,
+                "insert or update violates foreign key constraint",
+            ),
             db(NotNullViolation, "null value in column"),
             db(Unknown, "division by zero"),
             db(Unknown, "relation \"invoices\" does not exist"),

@@ -29,14 +29,16 @@ const OUTAGE: Duration = Duration::from_secs(20);
 const KEYS: i64 = 20;
 const BATCHES: i64 = 40;
 
+type Sockets = Arc<Mutex<Vec<TcpStream>>>;
+
 /// A TCP proxy to PostgreSQL that the test can cut.
 struct CuttableProxy {
     port: u16,
     up: Arc<AtomicBool>,
     /// Open client and server sockets, cut on `cut`.
-    live: Arc<Mutex<Vec<TcpStream>>>,
+    live: Sockets,
     /// Connections accepted during the cut and left unanswered, closed on `restore`.
-    held: Arc<Mutex<Vec<TcpStream>>>,
+    held: Sockets,
 }
 
 impl CuttableProxy {
@@ -44,8 +46,8 @@ impl CuttableProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let up = Arc::new(AtomicBool::new(true));
-        let (live, held): (Arc<Mutex<Vec<TcpStream>>>, Arc<Mutex<Vec<TcpStream>>>) =
-            Default::default();
+        let live: Sockets = Arc::default();
+        let held: Sockets = Arc::default();
         let (flag, l, h) = (up.clone(), live.clone(), held.clone());
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {

@@ -26,14 +26,14 @@ use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 pub use builder::KafkaConsumerBuilder;
+pub use dead_letter::{
+    DLT_HEADER_ATTEMPTS, DLT_HEADER_ERROR, DLT_HEADER_ERROR_KIND, DLT_HEADER_GROUP,
+    DLT_HEADER_OFFSET, DLT_HEADER_PARKED_BEHIND, DLT_HEADER_PARKED_BEHIND_ID, DLT_HEADER_PARTITION,
+    DLT_HEADER_TOPIC,
+};
 pub use policy::{
     AfterDeadLetter, DEFAULT_MAX_PARKED_KEYS, DEFAULT_OUTAGE_BACKOFF, DEFAULT_RETRY_BACKOFF,
     UndecodablePolicy,
-};
-pub use dead_letter::{
-    DLT_HEADER_ATTEMPTS, DLT_HEADER_ERROR, DLT_HEADER_ERROR_KIND, DLT_HEADER_GROUP,
-    DLT_HEADER_OFFSET, DLT_HEADER_PARKED_BEHIND, DLT_HEADER_PARKED_BEHIND_ID,
-    DLT_HEADER_PARTITION, DLT_HEADER_TOPIC,
 };
 pub use stats::ConsumerStats;
 
@@ -291,7 +291,9 @@ impl KafkaConsumer {
                 offset = message.offset(), behind = %head.coordinates(),
                 "parking a message behind the dead letter of its key"
             );
-            return self.dead_letter(message, Kind::Parked(head), &why, 0, stop).await;
+            return self
+                .dead_letter(message, Kind::Parked(head), &why, 0, stop)
+                .await;
         }
         let handler = match self.settings.dispatch.handler_for(message) {
             Ok(handler) => handler,
