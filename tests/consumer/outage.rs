@@ -7,6 +7,12 @@
 //! The promise: 0 messages dead-lettered, every event applied exactly once (inbox and effect),
 //! every key's effects in publish order. The test prints the figures (outage, retries, time from
 //! the database's return to the backlog being applied).
+//!
+//! Measured (2 shared cores, noida-db, PostgreSQL 15): a 20.0 s cut, 8 transient failures
+//! retried (each attempt waits up to the pool's 2 s create timeout, then up to 2 s of outage
+//! backoff), 0 dead letters; the first event applied 1.9 s after the database returned (the
+//! attempt in flight still waiting on its timeout), the backlog of 342 events 6.0 s after
+//! (one message at a time, about 60 transactions a second on this loaded machine).
 
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
