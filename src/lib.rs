@@ -83,6 +83,8 @@
 //!   `SyncConnectionWrapper<SqliteConnection>`), with `transaction_with_outbox` taking an async
 //!   closure.
 //! - `r2d2`: Diesel's r2d2 pool; pooled connections work unchanged.
+//! - `deadpool`, `bb8`: diesel-async's pools; their timeouts count as outages in the Kafka
+//!   consumer ([`fault`]).
 //! - `relay`: the relay engine and its stores (implies `async`).
 //! - `kafka`: the Kafka publisher and consumer (librdkafka, built from bundled sources).
 //! - `cli`: the `outbox` binary: `outbox migrate`, `outbox relay`, `outbox status`.
@@ -118,6 +120,13 @@ pub mod relay {
 }
 
 pub use outbox_diesel::notify;
+
+/// Fault classes: is a consumer handler's error an outage (retried until it passes) or poison
+/// (counted, then dead-lettered)? Diesel's errors are classified by the Diesel store, see
+/// [`outbox_diesel::fault`](https://docs.rs/outbox-diesel/latest/outbox_diesel/fault/).
+pub mod fault {
+    pub use outbox_core::fault::*;
+}
 
 /// Kafka (feature `kafka`): the relay's [`KafkaPublisher`](kafka::KafkaPublisher) and the
 /// consumers' [`KafkaConsumer`](kafka::KafkaConsumer), which dispatches each message to the

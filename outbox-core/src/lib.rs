@@ -9,6 +9,7 @@
 mod envelope;
 mod error;
 mod event;
+pub mod fault;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub mod kafka;

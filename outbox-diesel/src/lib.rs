@@ -10,9 +10,12 @@
 //!   diesel-async).
 //! - `async`: diesel-async 0.9 connections.
 //! - `r2d2`: Diesel's r2d2 pool support (pooled connections work unchanged).
+//! - `deadpool`, `bb8`: diesel-async's pools; their errors (timeouts) are classified as
+//!   outages for the consumer runtime ([`fault`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+pub mod fault;
 mod idempotent;
 pub mod inbox;
 pub mod migrations;

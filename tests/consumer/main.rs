@@ -3,7 +3,8 @@
 //! `#[idempotent]` on every sync and async connection type.
 //!
 //! With the `kafka` feature, `through_broker` runs the Kafka consumer runtime against a real
-//! broker (`scripts/kafka.sh start`) with these handlers, killed processes included.
+//! broker (`scripts/kafka.sh start`) with these handlers, killed processes included, and
+//! `outage` cuts the handler's PostgreSQL for 20 s.
 //!
 //! Every test creates its own database (see `support::TestDatabase`) and drops it at the end.
 //! Run with `cargo test --all-features --test consumer`.
@@ -14,6 +15,8 @@ mod support;
 mod conns;
 mod idempotent_suite;
 mod inbox_suite;
+#[cfg(all(feature = "kafka", feature = "postgres", feature = "deadpool"))]
+mod outage;
 #[cfg(feature = "kafka")]
 mod through_broker;
 

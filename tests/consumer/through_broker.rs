@@ -42,7 +42,7 @@ const DEADLINE: Duration = Duration::from_secs(120);
 // ---------------------------------------------------------------------------------------------
 // Harness
 
-fn bootstrap() -> String {
+pub(crate) fn bootstrap() -> String {
     let bootstrap = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned());
     for addr in bootstrap.split(',') {
         let reachable = addr
@@ -59,12 +59,12 @@ fn bootstrap() -> String {
     bootstrap
 }
 
-fn unique(what: &str) -> String {
+pub(crate) fn unique(what: &str) -> String {
     format!("outbox-{what}-{}", Uuid::now_v7().simple())
 }
 
 /// A fresh topic and its dead-letter topic.
-async fn topic(what: &str) -> String {
+pub(crate) async fn topic(what: &str) -> String {
     let topic = unique(what);
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
@@ -82,7 +82,7 @@ async fn topic(what: &str) -> String {
     topic
 }
 
-fn publisher(topic: &str) -> KafkaPublisher {
+pub(crate) fn publisher(topic: &str) -> KafkaPublisher {
     let topic = topic.to_owned();
     KafkaPublisher::builder()
         .brokers(bootstrap())
@@ -100,7 +100,7 @@ async fn publish(topic: &str, messages: &[OutboxMessage]) {
 }
 
 /// An outbox message as the relay claims it.
-fn claimed(event: &OrderCreated) -> OutboxMessage {
+pub(crate) fn claimed(event: &OrderCreated) -> OutboxMessage {
     let m = NewMessage::from_event(event, Headers::new()).unwrap();
     OutboxMessage {
         seq: 0,
@@ -140,7 +140,7 @@ fn consumer(topic: &str, group: &str) -> outbox::kafka::KafkaConsumerBuilder {
         })
 }
 
-fn n(counter: &std::sync::atomic::AtomicU64) -> u64 {
+pub(crate) fn n(counter: &std::sync::atomic::AtomicU64) -> u64 {
     counter.load(Ordering::Relaxed)
 }
 
@@ -165,7 +165,7 @@ async fn run_until(
 }
 
 /// Reads `topic` from the beginning until `n` records arrived.
-async fn read(topic: &str, n: usize) -> Vec<OwnedMessage> {
+pub(crate) async fn read(topic: &str, n: usize) -> Vec<OwnedMessage> {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("group.id", unique("reader"))
@@ -193,7 +193,7 @@ async fn read(topic: &str, n: usize) -> Vec<OwnedMessage> {
     got
 }
 
-fn header<'a>(m: &'a OwnedMessage, name: &str) -> &'a str {
+pub(crate) fn header<'a>(m: &'a OwnedMessage, name: &str) -> &'a str {
     let value = m
         .headers()
         .and_then(|h| h.iter().find(|h| h.key == name))

@@ -2,38 +2,27 @@
 //! fails.
 
 use std::collections::BTreeMap;
-use std::fmt::Display;
+use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::consumer::StreamConsumer;
-use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
 use serde::de::DeserializeOwned;
 
+use super::config::{DEFAULTS, SHARED_PREFIXES, check_settings, config_error};
 use super::dead_letter::{DeadLetterTopic, DeadLetters};
 use super::dispatch::{Dispatch, Typed};
+use super::policy::{
+    AfterDeadLetter, DEFAULT_MAX_PARKED_KEYS, DEFAULT_OUTAGE_BACKOFF, DEFAULT_RETRY_BACKOFF,
+    UndecodablePolicy,
+};
 use super::{KafkaConsumer, Settings};
+use crate::fault::{ClassifyError, ErrorClass, classifier_of};
 use crate::kafka::KafkaConfigError;
 use crate::relay::Backoff;
-use crate::{Envelope, OutboxEvent, Outcome};
-
-/// What happens to a message that cannot be handled at all: its headers or payload do not
-/// decode (a [`DecodeError`](crate::DecodeError): garbage bytes, a missing header, a version
-/// newer than the handler knows, ...) or no handler is registered for its event type. Either
-/// way the consumer goes on with the next message: never a crash loop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum UndecodablePolicy {
-    /// Write it to the dead-letter topic with the reason in the
-    /// [`DLT_HEADER_ERROR`](crate::kafka::DLT_HEADER_ERROR) header (and log it), then go on.
-    /// Nothing is lost: the message can be replayed from there once a consumer understands it.
-    #[default]
-    DeadLetter,
-    /// Log it at `error` level with the reason, and go on. The message stays in its topic (its
-    /// offset says where) but this consumer group will not see it again.
-    Skip,
-}
+use crate::{BoxError, Envelope, OutboxEvent, Outcome};
 
 /// Builds a [`KafkaConsumer`]. Get one from [`KafkaConsumer::builder`].
 ///
@@ -59,6 +48,7 @@ pub enum UndecodablePolicy {
 ///         Ok::<_, std::io::Error>(Outcome::Applied(()))
 ///     })
 ///     .max_attempts(5)
+///     .outage_backoff(outbox_core::kafka::DEFAULT_OUTAGE_BACKOFF)
 ///     .dead_letter_topic("billing.dlt")
 ///     .on_undecodable(UndecodablePolicy::DeadLetter)
 ///     .build()?;
@@ -78,6 +68,10 @@ pub struct KafkaConsumerBuilder {
     undecodable: UndecodablePolicy,
     max_attempts: u32,
     backoff: Backoff,
+    outage_backoff: Backoff,
+    classifiers: Vec<super::UserClassifier>,
+    after_dead_letter: AfterDeadLetter,
+    max_parked_keys: usize,
     shutdown_grace: Duration,
 }
 
@@ -95,38 +89,14 @@ impl Default for KafkaConsumerBuilder {
             undecodable: UndecodablePolicy::default(),
             max_attempts: 5,
             backoff: DEFAULT_RETRY_BACKOFF,
+            outage_backoff: DEFAULT_OUTAGE_BACKOFF,
+            classifiers: Vec::new(),
+            after_dead_letter: AfterDeadLetter::default(),
+            max_parked_keys: DEFAULT_MAX_PARKED_KEYS,
             shutdown_grace: Duration::from_secs(30),
         }
     }
 }
-
-/// The retry backoff unless configured: 200 ms, doubling, at most 5 s, ±20 %.
-///
-/// ```
-/// # use std::time::Duration;
-/// assert_eq!(outbox_core::kafka::DEFAULT_RETRY_BACKOFF.initial, Duration::from_millis(200));
-/// ```
-pub const DEFAULT_RETRY_BACKOFF: Backoff = Backoff {
-    initial: Duration::from_millis(200),
-    max: Duration::from_secs(5),
-    multiplier: 2.0,
-    jitter: 0.2,
-};
-
-/// Consumer settings applied before the user's.
-const DEFAULTS: [(&str, &str); 5] = [
-    ("enable.auto.offset.store", "false"),
-    ("enable.auto.commit", "true"),
-    // A new group starts from the beginning: an outbox consumer must not skip events that
-    // were published before it first ran.
-    ("auto.offset.reset", "earliest"),
-    ("enable.partition.eof", "false"),
-    ("client.id", "outbox-consumer"),
-];
-
-/// Settings the dead-letter producer takes from the consumer's, so that it reaches the same
-/// cluster the same way.
-const SHARED_PREFIXES: [&str; 4] = ["bootstrap.servers", "security.", "ssl.", "sasl."];
 
 impl KafkaConsumerBuilder {
     /// The bootstrap brokers, comma separated `host:port` (librdkafka's `bootstrap.servers`).
@@ -227,12 +197,22 @@ impl KafkaConsumerBuilder {
     ///
     /// The handler gets the decoded [`Envelope<E>`] and returns what an `#[idempotent]`
     /// function returns: `Ok(Outcome::Applied(_))` or `Ok(Outcome::Duplicate)` when the message
-    /// is done (its offset is then stored for commit), `Err(e)` to have it retried with
-    /// backoff and, after [`max_attempts`](Self::max_attempts), dead-lettered with `e` in the
+    /// is done (its offset is then stored for commit), or `Err(e)`, any error that converts
+    /// into a boxed error (`std::io::Error`, `diesel::result::Error`, your own error type,
+    /// `anyhow::Error`, `String`, ...). The error and its `source()` chain are classified
+    /// ([`crate::fault`]): a transient one (an outage) is retried with the
+    /// [`outage_backoff`](Self::outage_backoff) until it passes; any other is retried with the
+    /// [`retry_backoff`](Self::retry_backoff) and, after [`max_attempts`](Self::max_attempts),
+    /// dead-lettered with the error chain in the
     /// [`DLT_HEADER_ERROR`](crate::kafka::DLT_HEADER_ERROR) header. A handler that panics fails
-    /// its attempt the same way (each attempt runs as its own task), so a bad message cannot
-    /// crash the consumer in a loop. Each attempt decodes the message again, so `E` need not be
-    /// `Clone`. An event type may have one handler.
+    /// its attempt as a permanent error (each attempt runs as its own task), so a bad message
+    /// cannot crash the consumer in a loop. Each attempt decodes the message again, so `E` need
+    /// not be `Clone`. An event type may have one handler.
+    ///
+    /// For the database's errors to be recognised, the error you return must keep them in its
+    /// chain: return the `diesel::result::Error` (or pool error) itself, or an error type of
+    /// yours that has it as its `source()` (thiserror's `#[from]` or `#[source]`), not a string
+    /// made of it.
     ///
     /// ```
     /// # use outbox_core as outbox;
@@ -259,7 +239,7 @@ impl KafkaConsumerBuilder {
         F: Fn(Envelope<E>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Outcome<T>, Err>> + Send + 'static,
         T: Send + 'static,
-        Err: Display + Send + 'static,
+        Err: Into<BoxError> + Send + 'static,
     {
         let typed = Arc::new(Typed::<E, F>::new(handler));
         if let Err(key) = self.dispatch.register(E::EVENT_TYPES, typed)
@@ -270,8 +250,8 @@ impl KafkaConsumerBuilder {
         self
     }
 
-    /// How many times a handler runs on one message before it is dead-lettered (default 5;
-    /// at least 1).
+    /// How many permanent failures of a handler on one message lead to its dead letter
+    /// (default 5; at least 1). Transient failures (outages) do not count.
     ///
     /// ```
     /// let builder = outbox_core::kafka::KafkaConsumer::builder().max_attempts(10);
@@ -282,9 +262,9 @@ impl KafkaConsumerBuilder {
         self
     }
 
-    /// The wait between attempts (default [`DEFAULT_RETRY_BACKOFF`]). The consumer does not
-    /// read meanwhile, so the whole retry budget must stay below `max.poll.interval.ms`
-    /// (default 5 minutes), which [`build`](Self::build) checks.
+    /// The wait between attempts after a permanent failure (default
+    /// [`DEFAULT_RETRY_BACKOFF`]). The partitions are paused and the consumer polled meanwhile,
+    /// so the waits may add up to any length.
     ///
     /// ```
     /// use std::time::Duration;
@@ -299,6 +279,103 @@ impl KafkaConsumerBuilder {
     /// ```
     pub fn retry_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
+        self
+    }
+
+    /// The wait between attempts after a transient failure, an outage (default
+    /// [`DEFAULT_OUTAGE_BACKOFF`]: 100 ms doubling to 2 s). The message is retried for as long
+    /// as the outage lasts, its partitions paused and the consumer polled; `max` bounds how
+    /// long after the outage's end the consumer goes on.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox_core::relay::Backoff;
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().outage_backoff(Backoff {
+    ///     initial: Duration::from_millis(50),
+    ///     max: Duration::from_secs(1),
+    ///     multiplier: 2.0,
+    ///     jitter: 0.2,
+    /// });
+    /// # drop(builder);
+    /// ```
+    pub fn outage_backoff(mut self, backoff: Backoff) -> Self {
+        self.outage_backoff = backoff;
+        self
+    }
+
+    /// Adds a classifier of handler errors, asked for each link of an error's `source()`
+    /// chain after the [`Transient`](crate::fault::Transient) and
+    /// [`Permanent`](crate::fault::Permanent) markers and before the registered and built-in
+    /// classifiers (see [`crate::fault`]). `None` lets the others decide.
+    ///
+    /// ```
+    /// use outbox_core::fault::ErrorClass;
+    /// // An HTTP client's 503, recognised by a type of its own in your code.
+    /// #[derive(Debug)]
+    /// struct Unavailable;
+    /// # impl std::fmt::Display for Unavailable {
+    /// #     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("503") }
+    /// # }
+    /// # impl std::error::Error for Unavailable {}
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder()
+    ///     .classifier(|e| e.is::<Unavailable>().then_some(ErrorClass::Transient));
+    /// # drop(builder);
+    /// ```
+    pub fn classifier(
+        mut self,
+        classifier: impl Fn(&(dyn Error + 'static)) -> Option<ErrorClass> + Send + Sync + 'static,
+    ) -> Self {
+        self.classifiers.push(Arc::new(classifier));
+        self
+    }
+
+    /// Lets the errors of type `T` in a handler's error chain say their class
+    /// ([`ClassifyError`]).
+    ///
+    /// ```
+    /// use outbox_core::fault::{ClassifyError, ErrorClass};
+    /// #[derive(Debug)]
+    /// enum BillingError { ProviderDown, CardDeclined }
+    /// # impl std::fmt::Display for BillingError {
+    /// #     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { write!(f, "{self:?}") }
+    /// # }
+    /// # impl std::error::Error for BillingError {}
+    /// impl ClassifyError for BillingError {
+    ///     fn error_class(&self) -> Option<ErrorClass> {
+    ///         matches!(self, BillingError::ProviderDown).then_some(ErrorClass::Transient)
+    ///     }
+    /// }
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().classify_errors_of::<BillingError>();
+    /// # drop(builder);
+    /// ```
+    pub fn classify_errors_of<T: ClassifyError>(self) -> Self {
+        self.classifier(classifier_of::<T>)
+    }
+
+    /// What happens to the later messages of a key once one was dead-lettered (default
+    /// [`AfterDeadLetter::ParkKey`]: they follow it to the dead-letter topic, marked as parked).
+    ///
+    /// ```
+    /// use outbox_core::kafka::AfterDeadLetter;
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().after_dead_letter(AfterDeadLetter::SkipAhead);
+    /// # drop(builder);
+    /// ```
+    pub fn after_dead_letter(mut self, policy: AfterDeadLetter) -> Self {
+        self.after_dead_letter = policy;
+        self
+    }
+
+    /// How many parked keys the consumer remembers (default [`DEFAULT_MAX_PARKED_KEYS`], about
+    /// 100 bytes each plus the key). Beyond it the oldest is forgotten, logged at `error`: its
+    /// later messages are applied again. Parked keys live in memory only; a restart forgets
+    /// them all.
+    ///
+    /// ```
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().max_parked_keys(1_000_000);
+    /// # drop(builder);
+    /// ```
+    pub fn max_parked_keys(mut self, keys: usize) -> Self {
+        self.max_parked_keys = keys;
         self
     }
 
@@ -417,24 +494,6 @@ impl KafkaConsumerBuilder {
         }
         settings.insert("group.id".into(), group.clone());
         check_settings(&settings)?;
-        let poll_interval = settings
-            .get("max.poll.interval.ms")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(Duration::from_secs(300), Duration::from_millis);
-        let budget = retry_budget(&self.backoff, self.max_attempts);
-        if budget >= poll_interval / 2 {
-            return Err(invalid(
-                "retry_backoff",
-                format!(
-                    "{} attempts with this backoff wait up to {budget:?}, more than half of \
-                     `max.poll.interval.ms` ({poll_interval:?}): the consumer would be thrown \
-                     out of its group while it waits; lower `max_attempts` or the backoff, or \
-                     raise `max.poll.interval.ms`",
-                    self.max_attempts
-                ),
-            ));
-        }
-
         let mut config = ClientConfig::new();
         for (key, value) in &settings {
             config.set(key, value);
@@ -468,6 +527,10 @@ impl KafkaConsumerBuilder {
                 undecodable: self.undecodable,
                 max_attempts: self.max_attempts,
                 backoff: self.backoff,
+                outage_backoff: self.outage_backoff,
+                classifiers: self.classifiers,
+                after_dead_letter: self.after_dead_letter,
+                max_parked_keys: self.max_parked_keys,
                 shutdown_grace: self.shutdown_grace,
             },
             DeadLetters {
@@ -477,65 +540,5 @@ impl KafkaConsumerBuilder {
                 timeout: Duration::from_secs(10),
             },
         ))
-    }
-}
-
-fn check_settings(settings: &BTreeMap<String, String>) -> Result<(), KafkaConfigError> {
-    if settings
-        .get("bootstrap.servers")
-        .is_none_or(|b| b.trim().is_empty())
-    {
-        return Err(KafkaConfigError::MissingBrokers);
-    }
-    if !matches!(
-        settings["enable.auto.offset.store"]
-            .to_ascii_lowercase()
-            .as_str(),
-        "false" | "f" | "0"
-    ) {
-        return Err(KafkaConfigError::Forbidden {
-            key: "enable.auto.offset.store".into(),
-            value: settings["enable.auto.offset.store"].clone(),
-            reason: "the consumer stores an offset only once its message is done (the \
-                     handler's transaction committed, a duplicate was recognised, or the \
-                     message was dead-lettered)",
-        });
-    }
-    Ok(())
-}
-
-fn config_error(e: KafkaError) -> KafkaConfigError {
-    match e {
-        KafkaError::ClientConfig(_, reason, key, value) => {
-            KafkaConfigError::Invalid { key, value, reason }
-        }
-        KafkaError::ClientCreation(reason) => KafkaConfigError::Rejected { reason },
-        other => KafkaConfigError::Rejected {
-            reason: other.to_string(),
-        },
-    }
-}
-
-/// The longest the retries of one message wait in total: every backoff at its jittered
-/// maximum.
-fn retry_budget(backoff: &Backoff, max_attempts: u32) -> Duration {
-    (1..max_attempts).map(|n| backoff.delay(n, 1.0)).sum()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_retry_budget_sums_the_longest_waits() {
-        let b = Backoff {
-            initial: Duration::from_secs(1),
-            max: Duration::from_secs(4),
-            multiplier: 2.0,
-            jitter: 0.0,
-        };
-        assert_eq!(retry_budget(&b, 1), Duration::ZERO);
-        assert_eq!(retry_budget(&b, 4), Duration::from_secs(1 + 2 + 4));
-        assert_eq!(retry_budget(&b, 5), Duration::from_secs(1 + 2 + 4 + 4));
     }
 }

@@ -1,6 +1,7 @@
-//! The dead-letter topic: where a message goes that failed every attempt, or (by policy) that
-//! cannot be decoded. It keeps the original key, payload and headers, and adds headers that
-//! say why and where it came from.
+//! The dead-letter topic: where a message goes that failed every attempt, that (by policy)
+//! cannot be decoded, or that is parked behind an earlier dead letter of its key. It keeps the
+//! original key, payload and headers, and adds headers that say why and where it came from:
+//! enough to replay it to its topic, in order, once the cause is fixed.
 
 use std::time::Duration;
 
@@ -8,13 +9,16 @@ use rdkafka::Message;
 use rdkafka::message::{Header, Headers as _, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
+use super::parking::Head;
+
 /// Dead-letter header: the error, e.g. the handler's last error or why decoding failed.
 ///
 /// ```
 /// assert_eq!(outbox_core::kafka::DLT_HEADER_ERROR, "outbox.error");
 /// ```
 pub const DLT_HEADER_ERROR: &str = "outbox.error";
-/// Dead-letter header: `handler` (the handler failed every attempt) or `undecodable`.
+/// Dead-letter header: `handler` (the handler failed every attempt with a permanent error),
+/// `undecodable`, or `parked` (not handled: an earlier message of its key was dead-lettered).
 ///
 /// ```
 /// assert_eq!(outbox_core::kafka::DLT_HEADER_ERROR_KIND, "outbox.error.kind");
@@ -51,6 +55,22 @@ pub const DLT_HEADER_OFFSET: &str = "outbox.original.offset";
 /// ```
 pub const DLT_HEADER_GROUP: &str = "outbox.consumer.group";
 
+/// Dead-letter header of a parked message: the dead letter its key is parked behind, as
+/// `topic/partition/offset` of that message in the source topic (topic names cannot contain
+/// `/`).
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::DLT_HEADER_PARKED_BEHIND, "outbox.parked.behind");
+/// ```
+pub const DLT_HEADER_PARKED_BEHIND: &str = "outbox.parked.behind";
+/// Dead-letter header of a parked message: the event id (`id` header) of the dead letter its
+/// key is parked behind, when that message had one.
+///
+/// ```
+/// assert_eq!(outbox_core::kafka::DLT_HEADER_PARKED_BEHIND_ID, "outbox.parked.behind.id");
+/// ```
+pub const DLT_HEADER_PARKED_BEHIND_ID: &str = "outbox.parked.behind.id";
+
 /// Header values are bounded: an error message can be long (a serde error quotes input).
 const MAX_ERROR_BYTES: usize = 16 * 1024;
 
@@ -73,17 +93,20 @@ impl DeadLetterTopic {
 }
 
 /// Why a message is dead-lettered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Kind {
     Handler,
     Undecodable,
+    /// Parked behind this earlier dead letter of its key.
+    Parked(Head),
 }
 
 impl Kind {
-    fn as_str(self) -> &'static str {
+    fn as_str(&self) -> &'static str {
         match self {
             Kind::Handler => "handler",
             Kind::Undecodable => "undecodable",
+            Kind::Parked(_) => "parked",
         }
     }
 }
@@ -101,7 +124,7 @@ impl DeadLetters {
     pub(crate) async fn send(
         &self,
         message: &OwnedMessage,
-        kind: Kind,
+        kind: &Kind,
         error: &str,
         attempts: u32,
     ) -> Result<String, String> {
@@ -126,7 +149,7 @@ impl DeadLetters {
 /// The original headers, then the dead-letter headers.
 pub(crate) fn dead_letter_headers(
     message: &OwnedMessage,
-    kind: Kind,
+    kind: &Kind,
     error: &str,
     attempts: u32,
     group: &str,
@@ -158,6 +181,19 @@ pub(crate) fn dead_letter_headers(
             key,
             value: Some(value),
         });
+    }
+    if let Kind::Parked(head) = kind {
+        let behind = head.coordinates();
+        headers = headers.insert(Header {
+            key: DLT_HEADER_PARKED_BEHIND,
+            value: Some(behind.as_str()),
+        });
+        if let Some(id) = &head.id {
+            headers = headers.insert(Header {
+                key: DLT_HEADER_PARKED_BEHIND_ID,
+                value: Some(id.as_str()),
+            });
+        }
     }
     headers
 }
@@ -194,7 +230,7 @@ mod tests {
             Some(original),
         );
         let long = "é".repeat(MAX_ERROR_BYTES);
-        let h = dead_letter_headers(&message, Kind::Handler, &long, 5, "billing");
+        let h = dead_letter_headers(&message, &Kind::Handler, &long, 5, "billing");
         let got: Vec<(String, String)> = h
             .iter()
             .map(|h| {
@@ -220,6 +256,25 @@ mod tests {
                 ("outbox.original.partition", "2"),
                 ("outbox.original.offset", "41"),
                 ("outbox.consumer.group", "billing"),
+            ]
+        );
+        let head = Head {
+            topic: "order".into(),
+            partition: 2,
+            offset: 40,
+            id: Some("e-40".into()),
+        };
+        let parked = dead_letter_headers(&message, &Kind::Parked(head), "parked", 0, "billing");
+        let tail: Vec<(&str, &str)> = parked
+            .iter()
+            .skip(got.len())
+            .map(|h| (h.key, std::str::from_utf8(h.value.unwrap()).unwrap()))
+            .collect();
+        assert_eq!(
+            tail,
+            [
+                ("outbox.parked.behind", "order/2/40"),
+                ("outbox.parked.behind.id", "e-40")
             ]
         );
         assert_eq!(

@@ -11,7 +11,7 @@ use rdkafka::message::{Headers as _, OwnedMessage};
 use serde::de::DeserializeOwned;
 
 use crate::{
-    DecodeError, Envelope, HEADER_AGGREGATE_TYPE, HEADER_EVENT_TYPE, OutboxEvent, Outcome,
+    BoxError, DecodeError, Envelope, HEADER_AGGREGATE_TYPE, HEADER_EVENT_TYPE, OutboxEvent, Outcome,
 };
 
 /// What a handler did with a message it decoded.
@@ -22,7 +22,7 @@ pub(crate) enum Handled {
 }
 
 pub(crate) type HandlerFuture =
-    Pin<Box<dyn Future<Output = Result<Handled, String>> + Send + 'static>>;
+    Pin<Box<dyn Future<Output = Result<Handled, BoxError>> + Send + 'static>>;
 
 /// A handler with its event type erased: decodes, then runs.
 pub(crate) trait ErasedHandler: Send + Sync {
@@ -50,7 +50,7 @@ where
     F: Fn(Envelope<E>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Outcome<T>, Err>> + Send + 'static,
     T: Send + 'static,
-    Err: Display + Send + 'static,
+    Err: Into<BoxError> + Send + 'static,
 {
     fn call(&self, message: &OwnedMessage) -> Result<HandlerFuture, DecodeError> {
         let headers = message.headers().into_iter().flat_map(|h| h.iter());
@@ -60,7 +60,7 @@ where
             match fut.await {
                 Ok(Outcome::Applied(_)) => Ok(Handled::Applied),
                 Ok(Outcome::Duplicate) => Ok(Handled::Duplicate),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e.into()),
             }
         }))
     }

@@ -1,14 +1,23 @@
 //! [`KafkaConsumer`]: reads topics, decodes each message into the `Envelope<E>` of its event
 //! type, runs that type's handler, and stores the message's offset for commit only once the
 //! message is done.
+//!
+//! Handler errors follow the fault classes of [`crate::fault`]: an outage is retried until it
+//! passes, with the partitions paused; only poison is counted and dead-lettered, and a dead
+//! letter parks the later messages of its key behind it.
 
 mod builder;
+mod config;
 mod dead_letter;
 mod dispatch;
+mod hold;
+mod parking;
+mod policy;
+mod stats;
 
+use std::error::Error;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
@@ -16,15 +25,24 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-pub use builder::{DEFAULT_RETRY_BACKOFF, KafkaConsumerBuilder, UndecodablePolicy};
+pub use builder::KafkaConsumerBuilder;
 pub use dead_letter::{
     DLT_HEADER_ATTEMPTS, DLT_HEADER_ERROR, DLT_HEADER_ERROR_KIND, DLT_HEADER_GROUP,
-    DLT_HEADER_OFFSET, DLT_HEADER_PARTITION, DLT_HEADER_TOPIC,
+    DLT_HEADER_OFFSET, DLT_HEADER_PARKED_BEHIND, DLT_HEADER_PARKED_BEHIND_ID, DLT_HEADER_PARTITION,
+    DLT_HEADER_TOPIC,
 };
+pub use policy::{
+    AfterDeadLetter, DEFAULT_MAX_PARKED_KEYS, DEFAULT_OUTAGE_BACKOFF, DEFAULT_RETRY_BACKOFF,
+    UndecodablePolicy,
+};
+pub use stats::ConsumerStats;
 
 use dead_letter::{DeadLetters, Kind};
 use dispatch::{Dispatch, Handled, Undecodable};
+use hold::Held;
+use parking::Parking;
 
+use crate::fault::{ErrorClass, Permanent, chain_text, classify_with};
 use crate::relay::{Backoff, SplitMix};
 
 /// Waits between attempts to reach a broker that refuses the dead letter or the commit.
@@ -35,40 +53,8 @@ const OUTAGE_BACKOFF: Backoff = Backoff {
     jitter: 0.2,
 };
 
-/// Counters of a running consumer, shared with whoever holds [`KafkaConsumer::stats`].
-#[derive(Debug, Default)]
-pub struct ConsumerStats {
-    /// Messages read.
-    pub received: AtomicU64,
-    /// Messages a handler applied (its transaction committed).
-    pub applied: AtomicU64,
-    /// Messages a handler recognised as already applied.
-    pub duplicates: AtomicU64,
-    /// Handler attempts that failed (each followed by a retry or a dead letter).
-    pub handler_errors: AtomicU64,
-    /// Messages written to the dead-letter topic (handler failures and undecodable messages).
-    pub dead_lettered: AtomicU64,
-    /// Undecodable messages skipped (by [`UndecodablePolicy::Skip`]).
-    pub skipped: AtomicU64,
-    /// Offsets stored for commit: messages done.
-    pub done: AtomicU64,
-}
-
-impl ConsumerStats {
-    fn add(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The value of a counter, e.g. `stats.get(&stats.applied)`.
-    ///
-    /// ```
-    /// let stats = outbox_core::kafka::ConsumerStats::default();
-    /// assert_eq!(stats.get(&stats.applied), 0);
-    /// ```
-    pub fn get(&self, counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
-}
+/// A classifier given to the builder (a closure may capture).
+type UserClassifier = Arc<dyn Fn(&(dyn Error + 'static)) -> Option<ErrorClass> + Send + Sync>;
 
 /// What the builder hands the consumer.
 struct Settings {
@@ -79,6 +65,10 @@ struct Settings {
     undecodable: UndecodablePolicy,
     max_attempts: u32,
     backoff: Backoff,
+    outage_backoff: Backoff,
+    classifiers: Vec<UserClassifier>,
+    after_dead_letter: AfterDeadLetter,
+    max_parked_keys: usize,
     shutdown_grace: Duration,
 }
 
@@ -86,15 +76,27 @@ struct Settings {
 ///
 /// For each message, in the order of its partition:
 ///
-/// 1. Find the handler of its event type (its `aggregate_type` and `event_type` headers) and
+/// 1. If an earlier message of its key (same topic, same Kafka key) was dead-lettered, the
+///    message is **parked**: written to the dead-letter topic too, with the
+///    [`DLT_HEADER_PARKED_BEHIND`] header naming that dead letter, and not handled (unless
+///    [`AfterDeadLetter::SkipAhead`]).
+/// 2. Find the handler of its event type (its `aggregate_type` and `event_type` headers) and
 ///    decode it into that handler's [`Envelope<E>`](crate::Envelope). A message that cannot be
 ///    handled at all (bad headers or payload, a version newer than `E` knows, no handler for
 ///    its type) goes to the dead-letter topic or is skipped with a logged error, by
 ///    [`UndecodablePolicy`].
-/// 2. Run the handler. `Ok(Applied)` means its transaction committed; `Ok(Duplicate)` that the
-///    inbox recognised the message. An `Err` is retried with backoff; after `max_attempts` the
-///    message goes to the dead-letter topic with the error in a header.
-/// 3. Only then store the message's offset for commit. Offsets are committed in the background
+/// 3. Run the handler. `Ok(Applied)` means its transaction committed; `Ok(Duplicate)` that the
+///    inbox recognised the message. An `Err` is classified ([`crate::fault`]):
+///    - **transient** (the infrastructure's fault: the database refusing or losing
+///      connections, starting up or shutting down, a serialization failure, a deadlock, a
+///      lock wait timeout, a read-only failover, a pool timeout, an io error of an unreachable
+///      peer, or an error the user marked [`Transient`](crate::fault::Transient)): retried
+///      with the outage backoff ([`DEFAULT_OUTAGE_BACKOFF`]: 100 ms growing to 2 s) for as long
+///      as it takes, never counted, never dead-lettered;
+///    - **permanent** (anything else: the user's own errors, a panic): retried with the retry
+///      backoff; after `max_attempts` such failures the message goes to the dead-letter topic
+///      with the error chain in a header, and its key is parked.
+/// 4. Only then store the message's offset for commit. Offsets are committed in the background
 ///    (`auto.commit.interval.ms`), when partitions are revoked, and on shutdown.
 ///
 /// So a message whose offset is committed is done, and one that is done may still be
@@ -103,9 +105,19 @@ struct Settings {
 /// the effect exactly once.
 ///
 /// Messages are handled one at a time, which keeps every partition's order, also across
-/// retries (a failing message holds back the ones behind it until it is dead-lettered). To
-/// handle partitions in parallel, run several consumers in the group, up to the number of
-/// partitions.
+/// retries: a failing message holds back the ones behind it. While it waits between attempts
+/// the consumer pauses its partitions (librdkafka's `pause`) and keeps polling, so an outage
+/// of any length does not exceed `max.poll.interval.ms` and does not cost the group
+/// membership; the partitions resume once the message is done. A single handler attempt must
+/// still end within `max.poll.interval.ms` (5 minutes by default): give the database calls a
+/// timeout (a pool's wait timeout, `statement_timeout`). To handle partitions in parallel,
+/// run several consumers in the group, up to the number of partitions.
+///
+/// **Parked keys live in memory**, for the life of the process, at most
+/// [`max_parked_keys`](KafkaConsumerBuilder::max_parked_keys) of them. A restarted consumer
+/// has forgotten them and applies the later messages of such a key; the dead-letter topic is
+/// the record: replaying it (in order) once the cause is fixed applies the parked messages
+/// after their head.
 ///
 /// ```no_run
 /// use outbox_core::kafka::KafkaConsumer;
@@ -136,6 +148,8 @@ pub struct KafkaConsumer {
     dead_letters: DeadLetters,
     stats: Arc<ConsumerStats>,
     rng: SplitMix,
+    held: Held,
+    parking: Parking,
 }
 
 /// The shutdown signal, fused: once it fired, [`Stop::wait`] returns at once.
@@ -178,12 +192,15 @@ impl KafkaConsumer {
     }
 
     fn new(consumer: StreamConsumer, settings: Settings, dead_letters: DeadLetters) -> Self {
+        let parking = Parking::new(settings.max_parked_keys);
         KafkaConsumer {
             consumer: Arc::new(consumer),
             settings,
             dead_letters,
             stats: Arc::default(),
             rng: SplitMix::seeded(),
+            held: Held::default(),
+            parking,
         }
     }
 
@@ -201,10 +218,14 @@ impl KafkaConsumer {
         self.start().await;
         let mut outage = 0u32;
         while !stop.stopping() {
-            let message = tokio::select! {
-                biased;
-                () = stop.wait() => break,
-                received = self.consumer.recv() => received.map(|m| m.detach()),
+            let message = match self.held.stashed.pop_front() {
+                // Read while a message was held (see `hold`): next in line.
+                Some(message) => Ok(message),
+                None => tokio::select! {
+                    biased;
+                    () = stop.wait() => break,
+                    received = self.consumer.recv() => received.map(|m| m.detach()),
+                },
             };
             let message = match message {
                 Ok(message) => {
@@ -222,9 +243,13 @@ impl KafkaConsumer {
                 }
             };
             ConsumerStats::add(&self.stats.received);
-            match self.handle(&message, &mut stop).await {
-                Done::Yes => self.store(&message),
-                Done::Stopped => break,
+            let done = self.handle(&message, &mut stop).await;
+            if let Done::Yes = done {
+                self.store(&message);
+            }
+            self.release();
+            if let Done::Stopped = done {
+                break;
             }
         }
         self.stop().await;
@@ -251,15 +276,31 @@ impl KafkaConsumer {
         tracing::info!(group = %s.group, topics = ?s.topics, assignment = ?s.assignment, "consumer started");
     }
 
-    /// Handles one message: decode, run the handler with retries, dead-letter or skip.
+    /// Handles one message: park, or decode and run the handler with retries (an outage's for
+    /// as long as it takes, poison's up to `max_attempts`), then dead-letter or skip.
     async fn handle(&mut self, message: &OwnedMessage, stop: &mut Stop<'_>) -> Done {
+        if self.settings.after_dead_letter == AfterDeadLetter::ParkKey
+            && let Some(head) = self.parking.head_of(message)
+        {
+            let why = format!(
+                "parked behind the dead letter of {} (an earlier message of the same key)",
+                head.coordinates()
+            );
+            tracing::warn!(
+                topic = message.topic(), partition = message.partition(),
+                offset = message.offset(), behind = %head.coordinates(),
+                "parking a message behind the dead letter of its key"
+            );
+            return self
+                .dead_letter(message, Kind::Parked(head), &why, 0, stop)
+                .await;
+        }
         let handler = match self.settings.dispatch.handler_for(message) {
             Ok(handler) => handler,
             Err(why) => return self.undecodable(message, &why, stop).await,
         };
-        let mut attempt = 0;
+        let (mut attempt, mut outage) = (0, 0);
         loop {
-            attempt += 1;
             let run = match handler.call(message) {
                 Ok(run) => run,
                 Err(e) => {
@@ -291,8 +332,8 @@ impl KafkaConsumer {
                     }
                 }
             };
-            let outcome = joined.unwrap_or_else(|e| Err(panic_message(e)));
-            match outcome {
+            let outcome = joined.unwrap_or_else(|e| Err(Permanent::new(panic_message(e)).into()));
+            let error = match outcome {
                 Ok(Handled::Applied) => {
                     ConsumerStats::add(&self.stats.applied);
                     return Done::Yes;
@@ -301,31 +342,59 @@ impl KafkaConsumer {
                     ConsumerStats::add(&self.stats.duplicates);
                     return Done::Yes;
                 }
-                Err(error) => {
-                    ConsumerStats::add(&self.stats.handler_errors);
-                    if attempt >= self.settings.max_attempts {
-                        tracing::error!(
-                            topic = message.topic(), partition = message.partition(),
-                            offset = message.offset(), attempts = attempt, error = %error,
-                            "the handler failed every attempt; dead-lettering the message"
-                        );
-                        return self
-                            .dead_letter(message, Kind::Handler, &error, attempt, stop)
-                            .await;
-                    }
-                    let wait = self.settings.backoff.delay(attempt, self.rng.unit());
+                Err(error) => error,
+            };
+            let text = chain_text(&*error);
+            let wait = if self.classify(&*error) == ErrorClass::Transient {
+                ConsumerStats::add(&self.stats.transient_errors);
+                outage += 1;
+                let wait = self.settings.outage_backoff.delay(outage, self.rng.unit());
+                // Every failure of a long outage at `warn` would flood the log: the first, then
+                // one in ten.
+                if outage == 1 || outage % 10 == 0 {
                     tracing::warn!(
                         topic = message.topic(), partition = message.partition(),
-                        offset = message.offset(), attempt, error = %error, retry_in = ?wait,
-                        "the handler failed; retrying"
+                        offset = message.offset(), failures = outage, error = %text,
+                        retry_in = ?wait,
+                        "the handler failed with a transient error (an outage); its partitions \
+                         are paused and it is retried until it passes"
                     );
-                    tokio::select! {
-                        () = stop.wait() => return Done::Stopped,
-                        () = tokio::time::sleep(wait) => {}
-                    }
                 }
+                wait
+            } else {
+                ConsumerStats::add(&self.stats.handler_errors);
+                outage = 0;
+                attempt += 1;
+                if attempt >= self.settings.max_attempts {
+                    tracing::error!(
+                        topic = message.topic(), partition = message.partition(),
+                        offset = message.offset(), attempts = attempt, error = %text,
+                        "the handler failed every attempt; dead-lettering the message"
+                    );
+                    return self
+                        .dead_letter(message, Kind::Handler, &text, attempt, stop)
+                        .await;
+                }
+                let wait = self.settings.backoff.delay(attempt, self.rng.unit());
+                tracing::warn!(
+                    topic = message.topic(), partition = message.partition(),
+                    offset = message.offset(), attempt, error = %text, retry_in = ?wait,
+                    "the handler failed; retrying"
+                );
+                wait
+            };
+            if !self.hold(wait, stop).await {
+                return Done::Stopped;
             }
         }
+    }
+
+    /// The fault class of a handler's error: link by link, the markers, the builder's
+    /// classifiers, the registered ones and the built-in ones (see [`crate::fault`]).
+    fn classify(&self, error: &(dyn Error + 'static)) -> ErrorClass {
+        classify_with(error, |e| {
+            self.settings.classifiers.iter().find_map(|c| c(e))
+        })
     }
 
     async fn undecodable(
@@ -354,66 +423,6 @@ impl KafkaConsumer {
                 self.dead_letter(message, Kind::Undecodable, &error, 0, stop)
                     .await
             }
-        }
-    }
-
-    /// Writes the dead letter, retrying until the broker takes it: a message is never dropped
-    /// because its dead letter could not be written.
-    async fn dead_letter(
-        &mut self,
-        message: &OwnedMessage,
-        kind: Kind,
-        error: &str,
-        attempts: u32,
-        stop: &mut Stop<'_>,
-    ) -> Done {
-        let mut failures = 0;
-        loop {
-            let sent = tokio::select! {
-                biased;
-                sent = self.dead_letters.send(message, kind, error, attempts) => sent,
-                () = stop.wait() => return Done::Stopped,
-            };
-            match sent {
-                Ok(topic) => {
-                    tracing::info!(dead_letter_topic = %topic, topic = message.topic(), offset = message.offset(), "dead letter written");
-                    ConsumerStats::add(&self.stats.dead_lettered);
-                    return Done::Yes;
-                }
-                Err(e) => {
-                    failures += 1;
-                    let wait = OUTAGE_BACKOFF.delay(failures, self.rng.unit());
-                    tracing::warn!(error = %e, retry_in = ?wait, "writing a dead letter failed; retrying");
-                    tokio::select! {
-                        () = stop.wait() => return Done::Stopped,
-                        () = tokio::time::sleep(wait) => {}
-                    }
-                }
-            }
-        }
-    }
-
-    /// Stores the offset after `message` (the next one to read) for the next commit.
-    ///
-    /// Through `rd_kafka_offsets_store`, which stores exactly the offset it is given; the
-    /// older `rd_kafka_offset_store` (rdkafka's `store_offset`) adds one itself.
-    fn store(&self, message: &OwnedMessage) {
-        let mut next = TopicPartitionList::with_capacity(1);
-        let stored = next
-            .add_partition_offset(
-                message.topic(),
-                message.partition(),
-                Offset::Offset(message.offset() + 1),
-            )
-            .and_then(|()| self.consumer.store_offsets(&next));
-        match stored {
-            Ok(()) => ConsumerStats::add(&self.stats.done),
-            // The partition was revoked meanwhile: its new owner reads the message again and
-            // the inbox recognises it.
-            Err(e) => tracing::warn!(
-                error = %e, topic = message.topic(), partition = message.partition(),
-                "could not store the offset of a handled message; it will be delivered again"
-            ),
         }
     }
 

@@ -1,0 +1,47 @@
+//! [`ConsumerStats`]: the counters of a running consumer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of a running consumer, shared with whoever holds
+/// [`KafkaConsumer::stats`](super::KafkaConsumer::stats).
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    /// Messages read.
+    pub received: AtomicU64,
+    /// Messages a handler applied (its transaction committed).
+    pub applied: AtomicU64,
+    /// Messages a handler recognised as already applied.
+    pub duplicates: AtomicU64,
+    /// Handler attempts that failed with a permanent error (poison): each counts toward
+    /// `max_attempts` and is followed by a retry or a dead letter.
+    pub handler_errors: AtomicU64,
+    /// Handler attempts that failed with a transient error (an outage): each is followed by a
+    /// retry with the outage backoff, never by a dead letter.
+    pub transient_errors: AtomicU64,
+    /// Messages written to the dead-letter topic: handler failures, undecodable messages and
+    /// parked messages (those are also counted in [`parked`](Self::parked)).
+    pub dead_lettered: AtomicU64,
+    /// Messages parked behind an earlier dead letter of their key (written to the dead-letter
+    /// topic, not handled).
+    pub parked: AtomicU64,
+    /// Undecodable messages skipped (by [`UndecodablePolicy::Skip`](super::UndecodablePolicy::Skip)).
+    pub skipped: AtomicU64,
+    /// Offsets stored for commit: messages done.
+    pub done: AtomicU64,
+}
+
+impl ConsumerStats {
+    pub(crate) fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The value of a counter, e.g. `stats.get(&stats.applied)`.
+    ///
+    /// ```
+    /// let stats = outbox_core::kafka::ConsumerStats::default();
+    /// assert_eq!(stats.get(&stats.applied), 0);
+    /// ```
+    pub fn get(&self, counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
