@@ -9,6 +9,7 @@
 
 mod ast;
 mod attr;
+mod catalog;
 mod ctxt;
 mod expand;
 mod fallback;
