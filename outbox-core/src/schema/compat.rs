@@ -145,23 +145,23 @@ impl Cx<'_> {
                 .find(|a| variant_label(resolve(&self.r, a)).as_deref() == Some(label))
             {
                 Some(r_alt) => self.accepts(r_alt, alt, path, out, d + 1),
+                // Unit variants may be grouped in one `enum` alternative: any taker will do.
+                None if r_alts.iter().any(|a| {
+                    let mut issues = Vec::new();
+                    self.accepts(a, alt, path, &mut issues, d + 1);
+                    issues.is_empty()
+                }) => {}
                 None => out.push(self.variant_gone(label, path)),
             }
             return;
         }
         let mut issues = Vec::new();
         self.accepts(r, alt, path, &mut issues, d + 1);
-        if let (Some(label), false) = (label, issues.is_empty()) {
-            // The reader is no enum of that variant at all.
-            if alternatives(r).is_none()
-                && r.get("type").is_some()
-                && type_set(r).contains(&"object")
-            {
-                out.push(self.variant_gone(&label, path));
-                return;
-            }
+        match label {
+            // The reader is an enum without that variant (e.g. only unit variants are left).
+            Some(label) if !issues.is_empty() => out.push(self.variant_gone(&label, path)),
+            _ => out.extend(issues),
         }
-        out.extend(issues);
     }
 
     fn accepts_typed(&self, r: &Value, w: &Value, path: &str, out: &mut Vec<Issue>, d: usize) {
@@ -226,6 +226,13 @@ impl Cx<'_> {
         let mut gone: Vec<&String> = Vec::new();
         for (name, ws) in wp {
             if let Some(rs) = rp.get(name) {
+                // An optional field that became required is one change, reported below; the
+                // null its `Option` allowed is part of it.
+                let ws = &if required(r, name) && !required(w, name) {
+                    without_null(resolve(&self.w, ws))
+                } else {
+                    ws.clone()
+                };
                 self.accepts(rs, ws, &join(path, name), out, d + 1);
                 continue;
             }
@@ -355,6 +362,22 @@ impl Cx<'_> {
             describe(new)
         )
     }
+}
+
+/// `s` without the `null` an `Option` adds (`"type": [T, "null"]` or `anyOf: [T, null]`).
+fn without_null(s: &Value) -> Value {
+    let mut s = s.clone();
+    if let Some(Value::Array(types)) = s.get_mut("type") {
+        types.retain(|t| t != "null");
+    }
+    let null = serde_json::json!({"type": "null"});
+    if let Some(Value::Array(alts)) = s.get_mut("anyOf") {
+        alts.retain(|a| *a != null);
+        if let [only] = alts.as_slice() {
+            return only.clone();
+        }
+    }
+    s
 }
 
 /// `{}` or `true`: no constraint at all.

@@ -219,6 +219,9 @@ pub fn check(committed: &Snapshot, compiled: &Snapshot, mode: Mode) -> Report {
                 );
             }
         }
+        if newest > current.version {
+            continue;
+        }
         let pinned = older.iter().find(|o| o.version == current.version);
         if pinned.is_some_and(|p| p.upcast_from == current.upcast_from) {
             continue;
