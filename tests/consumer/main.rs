@@ -16,6 +16,8 @@ mod idempotent_suite;
 mod inbox_suite;
 #[cfg(feature = "kafka")]
 mod through_broker;
+#[cfg(all(feature = "kafka", feature = "sqlite"))]
+mod upcast_through_broker;
 
 diesel::table! {
     orders (id) {

@@ -33,7 +33,9 @@ pub fn check_file(
     check_catalog(catalog, path.as_ref(), mode, update)
 }
 
-pub(crate) fn check_catalog(
+/// [`check_file`] with a catalog of one's own (e.g. [`Catalog::builder`]'s, where the linked
+/// one is not wanted).
+pub fn check_catalog(
     catalog: &Catalog,
     path: &Path,
     mode: Mode,

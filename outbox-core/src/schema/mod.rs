@@ -39,7 +39,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-pub use main::{CheckOutcome, assert_compatible, check_file, dump, main};
+pub use main::{CheckOutcome, assert_compatible, check_catalog, check_file, dump, main};
 pub use snapshot::{Snapshot, SnapshotEntry, SnapshotFormatError};
 
 use crate::catalog::CatalogError;
