@@ -82,7 +82,14 @@ fn upcast_arm(private: &TokenStream, def: &EventDef<'_>) -> Option<TokenStream> 
     let event_type = &def.event_type;
     let version = Literal::u32_suffixed(def.version);
     // Located at the source path, so that a missing `From` or `Deserialize` is reported there.
-    let from = quote_spanned!(span=> <Self as ::core::convert::From<#source>>::from);
+    let from = quote_spanned! {span=>
+        match __outbox_source {
+            #private::Result::Ok(__outbox_old) => #private::Result::Ok(
+                <Self as ::core::convert::From<#source>>::from(__outbox_old),
+            ),
+            #private::Result::Err(__outbox_err) => #private::Result::Err(__outbox_err),
+        }
+    };
     let decode = quote_spanned!(span=> #private::decode_source::<#source>);
     Some(quote! {
         #event_type => {
@@ -105,7 +112,7 @@ fn upcast_arm(private: &TokenStream, def: &EventDef<'_>) -> Option<TokenStream> 
                     #private::Option::None => #decode(__outbox_payload),
                 }
             };
-            #private::Option::Some(__outbox_source.map(#from))
+            #private::Option::Some(#from)
         }
     })
 }

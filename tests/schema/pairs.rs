@@ -150,7 +150,7 @@ fn a_renamed_field_is_named_as_a_rename() {
     assert_eq!(
         verdict::<renamed::Before, renamed::After>(Mode::Backward),
         breaking(&[
-            "order/Renamed v2: v1 payloads no longer decode: field `total` renamed to `total_cents`; old payloads have no `total_cents` (keep the old name with `#[serde(alias = \"total\")]` and a default, or bump the version)"
+            "order/Renamed v2: v1 payloads no longer decode: field `total` renamed to `total_cents`; old payloads have no `total_cents` (keep the old name with `#[serde(alias = \"total\")]`, or upcast from the old version's type)"
         ])
     );
     assert_eq!(

@@ -284,7 +284,7 @@ impl Cx<'_> {
             out.push(match (self.dir, other) {
                 (Dir::Backward, Some(old)) => format!(
                     "field `{}` renamed to `{name}`; old payloads have no `{name}` (keep the old \
-                     name with `#[serde(alias = \"{old}\")]` and a default, or bump the version)",
+                     name with `#[serde(alias = \"{old}\")]`, or upcast from the old version's type)",
                     join(path, old)
                 ),
                 (Dir::Backward, None) => format!(
