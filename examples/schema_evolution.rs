@@ -93,7 +93,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("{}", indent(&std::fs::read_to_string(&snapshot)?));
 
     println!("2. A breaking edit: `total` renamed to `total_cents` in version 2.");
-    let edit = Catalog::builder().event::<breaking::OrderPlaced>().build()?;
+    let edit = Catalog::builder()
+        .event::<breaking::OrderPlaced>()
+        .build()?;
     let outcome = check_catalog(&edit, &snapshot, Mode::Backward, true)?;
     for finding in &outcome.report.breaking {
         println!("   breaking: {finding}");
@@ -103,7 +105,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!("\n3. A compatible edit: version 2 adds an optional `coupon`.");
-    let edit = Catalog::builder().event::<compatible::OrderPlaced>().build()?;
+    let edit = Catalog::builder()
+        .event::<compatible::OrderPlaced>()
+        .build()?;
     let outcome = check_catalog(&edit, &snapshot, Mode::Full, false)?;
     for finding in &outcome.report.compatible {
         println!("   compatible: {finding}");
@@ -159,7 +163,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }));
     let record = &broker.records("order")[0];
-    println!("   relayed: {} {}", record.header("event_version").unwrap_or("?"), record.payload);
+    println!(
+        "   relayed: {} {}",
+        record.header("event_version").unwrap_or("?"),
+        record.payload
+    );
     let event = Envelope::<upcast::OrderPlaced>::from_record(record)?;
     println!(
         "   decoded as v2: {:?} (written as version {})",

@@ -52,13 +52,20 @@ pub struct OrderPlaced {
 
 impl From<OrderPlacedV1> for OrderPlacedV2 {
     fn from(v1: OrderPlacedV1) -> Self {
-        OrderPlacedV2 { order_id: v1.order_id, total_cents: v1.total }
+        OrderPlacedV2 {
+            order_id: v1.order_id,
+            total_cents: v1.total,
+        }
     }
 }
 
 impl From<OrderPlacedV2> for OrderPlaced {
     fn from(v2: OrderPlacedV2) -> Self {
-        OrderPlaced { order_id: v2.order_id, total_cents: v2.total_cents, currency: "EUR".into() }
+        OrderPlaced {
+            order_id: v2.order_id,
+            total_cents: v2.total_cents,
+            currency: "EUR".into(),
+        }
     }
 }
 
@@ -68,8 +75,16 @@ async fn ship(
     event: Envelope<OrderPlaced>,
     seen: &Mutex<Vec<(u32, OrderPlaced)>>,
 ) -> Result<(), AppError> {
-    conn.effect("shipping", &event.inbox_key(), event.order_id, event.total_cents).await?;
-    seen.lock().unwrap().push((event.version, event.payload.clone()));
+    conn.effect(
+        "shipping",
+        &event.inbox_key(),
+        event.order_id,
+        event.total_cents,
+    )
+    .await?;
+    seen.lock()
+        .unwrap()
+        .push((event.version, event.payload.clone()));
     Ok(())
 }
 
@@ -83,11 +98,16 @@ async fn version_1_events_relayed_through_kafka_are_consumed_as_version_3() {
     let source = TestDatabase::sqlite("upcast_source");
     let sink = Arc::new(with_effects_async::<Conn>(TestDatabase::sqlite("upcast_sink")).await);
     let topic = format!("outbox-upcast-{}", Uuid::now_v7().simple());
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     for result in admin
-        .create_topics(&[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))], &options)
+        .create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+            &options,
+        )
         .await
         .expect("a Kafka-protocol broker: run `scripts/kafka.sh start` or set KAFKA_BROKERS")
     {
@@ -98,13 +118,20 @@ async fn version_1_events_relayed_through_kafka_are_consumed_as_version_3() {
     let mut conn = diesel::SqliteConnection::establish(&source.url).unwrap();
     for order_id in 1..=OLD {
         conn.transaction_with_outbox(|tx| {
-            tx.publish(&OrderPlacedV1 { order_id, total: order_id * 100 })?;
+            tx.publish(&OrderPlacedV1 {
+                order_id,
+                total: order_id * 100,
+            })?;
             Ok::<_, outbox::Error>(())
         })
         .unwrap();
     }
     conn.transaction_with_outbox(|tx| {
-        tx.publish(&OrderPlaced { order_id: OLD + 1, total_cents: 5, currency: "CHF".into() })?;
+        tx.publish(&OrderPlaced {
+            order_id: OLD + 1,
+            total_cents: 5,
+            currency: "CHF".into(),
+        })?;
         Ok::<_, outbox::Error>(())
     })
     .unwrap();
@@ -115,7 +142,10 @@ async fn version_1_events_relayed_through_kafka_are_consumed_as_version_3() {
         .topic_for(move |_| relay_topic.clone())
         .build()
         .unwrap();
-    let config = RelayConfig { poll_interval: Duration::from_millis(50), ..RelayConfig::default() };
+    let config = RelayConfig {
+        poll_interval: Duration::from_millis(50),
+        ..RelayConfig::default()
+    };
     let relay = Relay::new(SqliteRelayStore::new(&source.url), publisher, config).unwrap();
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
     let relaying = tokio::spawn(relay.run(async move {
@@ -133,7 +163,9 @@ async fn version_1_events_relayed_through_kafka_are_consumed_as_version_3() {
             let (sink, seen) = (handler_sink.clone(), handler_seen.clone());
             async move {
                 let mut conn = Conn::open(&sink).await;
-                ship(&mut conn, event, &seen).await.map_err(|e| format!("{e:?}"))
+                ship(&mut conn, event, &seen)
+                    .await
+                    .map_err(|e| format!("{e:?}"))
             }
         })
         .build()
@@ -156,10 +188,29 @@ async fn version_1_events_relayed_through_kafka_are_consumed_as_version_3() {
     let mut seen = seen.lock().unwrap().clone();
     seen.sort_by_key(|(_, e)| e.order_id);
     let expected: Vec<(u32, OrderPlaced)> = (1..=OLD)
-        .map(|id| (1, OrderPlaced { order_id: id, total_cents: id * 100, currency: "EUR".into() }))
-        .chain([(3, OrderPlaced { order_id: OLD + 1, total_cents: 5, currency: "CHF".into() })])
+        .map(|id| {
+            (
+                1,
+                OrderPlaced {
+                    order_id: id,
+                    total_cents: id * 100,
+                    currency: "EUR".into(),
+                },
+            )
+        })
+        .chain([(
+            3,
+            OrderPlaced {
+                order_id: OLD + 1,
+                total_cents: 5,
+                currency: "CHF".into(),
+            },
+        )])
         .collect();
-    assert_eq!(seen, expected, "each event once, as version 3, written as version 1 or 3");
+    assert_eq!(
+        seen, expected,
+        "each event once, as version 3, written as version 1 or 3"
+    );
     let mut conn = Conn::open(&sink).await;
     assert_eq!(conn.count(COUNT_EFFECTS).await, OLD + 1);
     assert_eq!(conn.count(COUNT_INBOX).await, OLD + 1);

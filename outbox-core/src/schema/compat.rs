@@ -182,13 +182,12 @@ impl Cx<'_> {
                 return;
             }
         }
-        if wt.contains(&"string") {
-            if let Some(rf) = r.get("format") {
-                if w.get("format") != Some(rf) {
-                    out.push(self.type_changed(r, w, path));
-                    return;
-                }
-            }
+        if wt.contains(&"string")
+            && let Some(rf) = r.get("format")
+            && w.get("format") != Some(rf)
+        {
+            out.push(self.type_changed(r, w, path));
+            return;
         }
         if wt.contains(&"object") {
             self.accepts_object(r, w, path, out, d);
@@ -436,10 +435,10 @@ fn variant_label(alt: &Value) -> Option<String> {
     if let Some(Value::String(s)) = alt.get("const") {
         return Some(s.clone());
     }
-    if let Some(Value::Array(values)) = alt.get("enum") {
-        if let [Value::String(s)] = values.as_slice() {
-            return Some(s.clone());
-        }
+    if let Some(Value::Array(values)) = alt.get("enum")
+        && let [Value::String(s)] = values.as_slice()
+    {
+        return Some(s.clone());
     }
     let props = alt.get("properties")?.as_object()?;
     for p in props.values() {

@@ -242,15 +242,15 @@ pub fn check(committed: &Snapshot, compiled: &Snapshot, mode: Mode) -> Report {
             };
             if mode.backward() {
                 let reader = reader_for(&group, current, old.version);
-                if reader.version != old.version {
-                    if let Some(schema) = &reader.schema {
-                        for issue in compat::check(schema, old_schema, Dir::Backward) {
-                            found = true;
-                            breaking(
-                                current.name(),
-                                format!("v{} payloads no longer decode: {issue}", old.version),
-                            );
-                        }
+                if reader.version != old.version
+                    && let Some(schema) = &reader.schema
+                {
+                    for issue in compat::check(schema, old_schema, Dir::Backward) {
+                        found = true;
+                        breaking(
+                            current.name(),
+                            format!("v{} payloads no longer decode: {issue}", old.version),
+                        );
                     }
                 }
             }
@@ -274,11 +274,7 @@ pub fn check(committed: &Snapshot, compiled: &Snapshot, mode: Mode) -> Report {
     if mode.backward() {
         for old in committed.entries() {
             let gone = !entries.iter().any(|e| e.same_event(old));
-            let newest = committed
-                .entries()
-                .iter()
-                .filter(|e| e.same_event(old))
-                .last();
+            let newest = committed.entries().iter().rfind(|e| e.same_event(old));
             if gone && newest == Some(old) {
                 breaking(
                     old.name(),

@@ -47,8 +47,10 @@ pub(crate) fn normalize(schema: &Value) -> Value {
 fn inline(value: &Value, defs: &Value, stack: &mut Vec<String>, kept: &mut Vec<String>) -> Value {
     match value {
         Value::Object(map) => {
-            if let Some(name) = map.get("$ref").and_then(Value::as_str).and_then(def_name) {
-                if let Some(def) = defs.get(name) {
+            if let Some(name) = map.get("$ref").and_then(Value::as_str).and_then(def_name)
+                && let Some(def) = defs.get(name)
+            {
+                {
                     if stack.iter().any(|s| s == name) {
                         if !kept.iter().any(|k| k == name) {
                             kept.push(name.to_owned());
