@@ -126,7 +126,8 @@ impl CatalogEntry {
 ///     fn from(v1: OrderCreatedV1) -> Self { OrderCreated { order_id: v1.order_id, note: None } }
 /// }
 ///
-/// let catalog = Catalog::linked()?;
+/// // `Catalog::linked()` has every event type of the program; this example builds its own.
+/// let catalog = Catalog::builder().event::<OrderCreatedV1>().event::<OrderCreated>().build()?;
 /// let v2 = catalog.get("order", "OrderCreated", 2).unwrap();
 /// assert!(v2.rust_type.ends_with("::OrderCreated"));
 /// assert_eq!(v2.upcast_from.as_ref().unwrap().version, 1);

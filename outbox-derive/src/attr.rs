@@ -326,7 +326,7 @@ mod tests {
     fn unknown_key_messages_list_the_keys_of_the_position() {
         assert_eq!(
             Position::Variant.unknown_key_message("colour"),
-            "unknown outbox variant attribute `colour`, expected one of `event_type`, `version`, `topic`"
+            "unknown outbox variant attribute `colour`, expected one of `event_type`, `version`, `topic`, `upcast_from`"
         );
         assert_eq!(
             Position::StructField.unknown_key_message("id"),
