@@ -98,3 +98,5 @@ log "cargo clippy"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 log "cargo test"
 cargo test --workspace --all-features
+log "cargo run --example schema_evolution"
+cargo run --quiet --example schema_evolution --features schema

@@ -87,6 +87,7 @@
 //!   consumer ([`fault`]).
 //! - `relay`: the relay engine and its stores (implies `async`).
 //! - `kafka`: the Kafka publisher and consumer (librdkafka, built from bundled sources).
+//! - `schema`: the JSON Schema of every event (`schemars`) and `outbox::schema`'s snapshot check.
 //! - `cli`: the `outbox` binary: `outbox migrate`, `outbox relay`, `outbox status`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -137,6 +138,19 @@ pub mod fault {
 pub use outbox_core::kafka;
 
 pub use outbox_diesel::inbox;
+
+pub use outbox_core::catalog;
+
+/// Event schemas across releases (feature `schema`): a committed snapshot of every event
+/// version's JSON Schema and a breaking-change check; see the README's "Evolving events".
+#[cfg(feature = "schema")]
+#[cfg_attr(docsrs, doc(cfg(feature = "schema")))]
+pub use outbox_core::schema;
+
+/// `schemars`, to `#[derive(JsonSchema)]` on events (feature `schema`).
+#[cfg(feature = "schema")]
+#[cfg_attr(docsrs, doc(cfg(feature = "schema")))]
+pub use outbox_core::schemars;
 
 /// Makes a message handler idempotent (exactly once in effect): its body runs in a database
 /// transaction that first claims the message in the [`inbox`], and a message it already applied

@@ -64,7 +64,11 @@ pub const RESERVED_HEADERS: [&str; 5] = [
 /// [`Envelope::from_new_message`] (and `from_outbox_message` with the `relay` feature).
 /// Decoding checks that the event type is one `E` carries ([`OutboxEvent::EVENT_TYPES`]), that
 /// its version is not newer than `E` knows, and that the payload deserialises as `E` and is of
-/// that event type; each failure is its own [`DecodeError`].
+/// that event type; each failure is its own [`DecodeError`]. An older version is decoded
+/// through `E`'s upcast chain (`#[outbox(upcast_from = ...)]`): as the oldest type of the chain
+/// whose version is at least the message's, then converted with `From` up to `E`, so that a
+/// handler only ever sees the current type. [`Envelope::version`] keeps the version the event
+/// was written with.
 ///
 /// An envelope dereferences to its payload, so `envelope.order_id` reads the event's field.
 ///
@@ -383,8 +387,22 @@ impl<E: OutboxEvent + DeserializeOwned> Envelope<E> {
             target,
             reason,
         };
-        let payload: E =
-            serde_json::from_slice(payload).map_err(|e| payload_error(e.to_string()))?;
+        // An older version goes through the type's upcast chain when it has one for that
+        // version (`#[outbox(upcast_from = ...)]`), so handlers only see the current type.
+        let payload: E = match E::__outbox_upcast(meta.event_type, meta.version, payload) {
+            None => serde_json::from_slice(payload).map_err(|e| payload_error(e.to_string()))?,
+            Some(Ok(payload)) => payload,
+            Some(Err(failure)) => {
+                return Err(DecodeError::Payload {
+                    event_type: meta.event_type.to_owned(),
+                    target: failure.target,
+                    reason: format!(
+                        "version {} is upcast from `{}`: {}",
+                        meta.version, failure.target, failure.reason
+                    ),
+                });
+            }
+        };
         if payload.event_type() != meta.event_type {
             return Err(payload_error(format!(
                 "the payload is a `{}` event, but the message says `{}`",

@@ -6,6 +6,7 @@
 //! it is given `#[outbox(crate = outbox_core)]`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod catalog;
 mod envelope;
 mod error;
 mod event;
@@ -15,9 +16,13 @@ pub mod fault;
 pub mod kafka;
 mod message;
 mod outcome;
+mod private;
 #[cfg(feature = "relay")]
 #[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
 pub mod relay;
+#[cfg(feature = "schema")]
+#[cfg_attr(docsrs, doc(cfg(feature = "schema")))]
+pub mod schema;
 mod shard;
 
 pub use envelope::{
@@ -41,11 +46,22 @@ pub use outbox_derive::OutboxEvent;
 #[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
 pub use outbox_derive::idempotent;
 
+/// `schemars`, to derive `JsonSchema` for events (feature `schema`).
+#[cfg(feature = "schema")]
+#[cfg_attr(docsrs, doc(cfg(feature = "schema")))]
+pub use schemars;
+
 /// Items the generated code uses. Not public API: it may change in any release.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::catalog::{REGISTRATIONS, Registration, UpcastFailure, UpcastLink};
     pub use crate::event::{AggregateKey, EventType, OutboxEvent};
+    pub use crate::private::*;
     pub use ::core::option::Option;
+    pub use ::core::result::Result;
+    pub use ::linkme;
     pub use ::serde::Serialize;
+    pub use ::serde_json::Value;
     pub use ::std::string::String;
+    pub use ::std::vec::Vec;
 }

@@ -38,6 +38,9 @@ pub(crate) struct EventDef<'a> {
     pub(crate) topic: Option<LitStr>,
     /// `None` only if an error was reported.
     pub(crate) key: Option<Key<'a>>,
+    /// `#[outbox(upcast_from = Source)]`: older versions are decoded as `Source`, then
+    /// converted with `From`.
+    pub(crate) upcast_from: Option<Path>,
 }
 
 /// The field marked `#[outbox(aggregate_id)]`.
@@ -101,12 +104,14 @@ impl<'a> Event<'a> {
                         ),
                     )
                 });
+                let upcast_from = checked_upcast(cx, input, attrs.upcast_from.value());
                 event.types.push(EventDef {
                     variant: None,
                     event_type: explicit_or_name(attrs.event_type.value(), ident),
                     version,
                     topic,
                     key,
+                    upcast_from,
                 });
             }
             Data::Enum(data) => {
@@ -148,6 +153,7 @@ impl<'a> Event<'a> {
                         version: vattrs.version.value().copied().unwrap_or(version),
                         topic: vattrs.topic.value().cloned().or_else(|| topic.clone()),
                         key,
+                        upcast_from: checked_upcast(cx, input, vattrs.upcast_from.value()),
                     });
                 }
             }
@@ -229,4 +235,31 @@ fn check_unique<'a>(
     } else {
         seen.insert(value, variant);
     }
+}
+
+/// The upcast source, unless it is the type itself (an upcast goes from an older version to a
+/// newer one, so a type is never its own source) or the type is generic (the source's version
+/// is checked at compile time, which needs one concrete type).
+fn checked_upcast(cx: &Ctxt, input: &DeriveInput, source: Option<&Path>) -> Option<Path> {
+    let source = source?;
+    let ident = &input.ident;
+    if source.is_ident("Self") || source.is_ident(ident) {
+        cx.error_spanned_by(
+            source,
+            format!(
+                "`{ident}` cannot be upcast from itself: `upcast_from` names the type of an \
+                 older version, e.g. `upcast_from = {ident}V1`"
+            ),
+        );
+        return None;
+    }
+    if !input.generics.params.is_empty() {
+        cx.error_spanned_by(
+            source,
+            "`upcast_from` cannot be used on a generic type: the chain of versions is checked \
+             at compile time on one concrete type",
+        );
+        return None;
+    }
+    Some(source.clone())
 }

@@ -7,7 +7,7 @@ use syn::{Attribute, LitStr, Path};
 
 use crate::ctxt::Ctxt;
 use crate::valid::{self, TopicKey};
-use crate::value::{crate_value, string_value, take_rest, version_value};
+use crate::value::{crate_value, string_value, take_rest, type_path_value, version_value};
 
 /// Where an `#[outbox(...)]` attribute sits; decides which keys it accepts.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -33,12 +33,21 @@ pub(crate) enum Key {
     Topic,
     Crate,
     AggregateId,
+    UpcastFrom,
 }
 
 use Key::*;
 
 impl Key {
-    const ALL: [Key; 6] = [Aggregate, EventType, Version, Topic, Crate, AggregateId];
+    const ALL: [Key; 7] = [
+        Aggregate,
+        EventType,
+        Version,
+        Topic,
+        Crate,
+        AggregateId,
+        UpcastFrom,
+    ];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -48,6 +57,7 @@ impl Key {
             Topic => "topic",
             Crate => "crate",
             AggregateId => "aggregate_id",
+            UpcastFrom => "upcast_from",
         }
     }
 
@@ -60,6 +70,7 @@ impl Key {
             Topic => "topic = \"orders\"",
             Crate => "crate = outbox_core",
             AggregateId => "aggregate_id",
+            UpcastFrom => "upcast_from = OrderCreatedV1",
         }
     }
 }
@@ -67,9 +78,9 @@ impl Key {
 impl Position {
     fn keys(self) -> &'static [Key] {
         match self {
-            Position::Struct => &[Aggregate, EventType, Version, Topic, Crate],
+            Position::Struct => &[Aggregate, EventType, Version, Topic, Crate, UpcastFrom],
             Position::Enum => &[Aggregate, Version, Topic, Crate],
-            Position::Variant => &[EventType, Version, Topic],
+            Position::Variant => &[EventType, Version, Topic, UpcastFrom],
             Position::StructField | Position::VariantField => &[AggregateId],
         }
     }
@@ -110,9 +121,14 @@ impl Position {
                         type, set it on the variant instead"
                     .to_owned();
             }
+            (UpcastFrom, Position::Enum) => {
+                return "`upcast_from` cannot be used on an enum: each variant is its own event \
+                        type, set it on the variant whose older version it converts"
+                    .to_owned();
+            }
             (AggregateId, _) => "on the field that identifies the aggregate",
             (Aggregate | Crate, Position::Variant | Position::VariantField) => "on the enum",
-            (EventType, Position::VariantField) => "on the variant",
+            (EventType | UpcastFrom, Position::VariantField) => "on the variant",
             (Version | Topic, Position::VariantField) => "on the variant or the enum",
             _ => "on the struct",
         };
@@ -195,6 +211,8 @@ pub(crate) struct Attrs {
     pub(crate) krate: Slot<Path>,
     /// The `aggregate_id` path itself, to point at it.
     pub(crate) aggregate_id: Slot<Path>,
+    /// The type older versions are converted from.
+    pub(crate) upcast_from: Slot<Path>,
 }
 
 /// Reads every `#[outbox(...)]` among `attrs`, reporting each problem to `cx` and going on.
@@ -251,6 +269,10 @@ fn parse_key(
             let value = crate_value(cx, meta)?;
             out.krate.set(cx, path, key, value);
         }
+        UpcastFrom => {
+            let value = type_path_value(cx, meta, key)?;
+            out.upcast_from.set(cx, path, key, value);
+        }
         AggregateId => {
             let rest = take_rest(meta)?;
             if !rest.is_empty() {
@@ -304,7 +326,7 @@ mod tests {
     fn unknown_key_messages_list_the_keys_of_the_position() {
         assert_eq!(
             Position::Variant.unknown_key_message("colour"),
-            "unknown outbox variant attribute `colour`, expected one of `event_type`, `version`, `topic`"
+            "unknown outbox variant attribute `colour`, expected one of `event_type`, `version`, `topic`, `upcast_from`"
         );
         assert_eq!(
             Position::StructField.unknown_key_message("id"),

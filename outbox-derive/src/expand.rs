@@ -6,7 +6,7 @@ use syn::{DeriveInput, GenericParam, Generics, LitStr, Type, parse_quote};
 
 use crate::ast::{Event, EventDef, Key};
 use crate::ctxt::Ctxt;
-use crate::fallback;
+use crate::{catalog, fallback};
 
 /// `#[derive(OutboxEvent)]` on proc_macro2 tokens: the impl, or every error found together with
 /// a fallback impl.
@@ -58,6 +58,8 @@ fn expand(event: &Event<'_>) -> TokenStream {
     let event_version = body(&|def| version(def).into_token_stream());
     let topic = body(&|def| topic(&private, def.topic.as_ref()));
     let aggregate_id = aggregate_id(event, &private);
+    let catalog_methods = catalog::methods(event);
+    let catalog_items = catalog::items(event);
     quote! {
         #[automatically_derived]
         impl #impl_generics #private::OutboxEvent for #ident #ty_generics #where_clause {
@@ -83,7 +85,11 @@ fn expand(event: &Event<'_>) -> TokenStream {
             fn topic(&self) -> #private::Option<&'static ::core::primitive::str> {
                 #topic
             }
+
+            #catalog_methods
         }
+
+        #catalog_items
     }
 }
 

@@ -9,6 +9,7 @@
 
 mod ast;
 mod attr;
+mod catalog;
 mod ctxt;
 mod expand;
 mod fallback;
@@ -94,6 +95,16 @@ use proc_macro::TokenStream;
 /// * `#[outbox(crate = outbox_core)]` or `#[outbox(crate = "outbox_core")]`: the path the
 ///   generated code reaches the `outbox` crate through. Defaults to `::outbox`; set it when
 ///   you depend on `outbox-core` only, or have renamed the dependency.
+/// * `#[outbox(upcast_from = OrderCreatedV1)]` (structs only, non-generic): older versions of
+///   this event type are decoded as `OrderCreatedV1`, then converted with
+///   `From<OrderCreatedV1> for Self`; a source with its own `upcast_from` makes a chain
+///   (V1 -> V2 -> V3). A compile error at the path when the `From` impl is missing, when the
+///   source is not an event or not `Deserialize`, when it does not carry the same event type
+///   of the same aggregate, or when its version is not lower (which also rules out cycles).
+///
+/// Every non-generic type is also registered in the catalog (`outbox::catalog`) with its
+/// upcast sources and, with the `schema` feature and `schemars::JsonSchema` derived, its
+/// JSON Schema.
 ///
 /// ## Optional variant attributes
 ///
@@ -101,6 +112,8 @@ use proc_macro::TokenStream;
 ///   variant's name. Event types are unique within an enum, whether given or defaulted.
 /// * `#[outbox(version = 2)]`: the variant's version, instead of the enum's.
 /// * `#[outbox(topic = "cancellations")]`: the variant's topic, instead of the enum's.
+/// * `#[outbox(upcast_from = OrderCancelledV1)]`: as on a struct, with
+///   `From<OrderCancelledV1> for TheEnum`.
 ///
 /// ## Required field attributes
 ///

@@ -166,3 +166,32 @@ pub(crate) fn crate_value(cx: &Ctxt, meta: &ParseNestedMeta) -> syn::Result<Opti
     }
     Ok(Some(value.call(Path::parse_mod_style)?))
 }
+
+/// `key = SomeType` (a type path such as `OrderCreatedV1` or `v1::OrderCreated`).
+pub(crate) fn type_path_value(
+    cx: &Ctxt,
+    meta: &ParseNestedMeta,
+    key: Key,
+) -> syn::Result<Option<Path>> {
+    let Some(expr) = expr_value(cx, meta, key)? else {
+        return Ok(None);
+    };
+    let (name, example) = (key.name(), key.example());
+    let msg = match &expr {
+        Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => {
+            return Ok(Some(p.path.clone()));
+        }
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) if lit.parse::<Path>().is_ok() => format!(
+            "expected a type for `{name}`, found a string, write `{name} = {}` without quotes",
+            lit.value().trim()
+        ),
+        other => format!(
+            "expected a type for `{name}`, found {}, e.g. `{example}`",
+            found(other)
+        ),
+    };
+    cx.error_spanned_by(&expr, msg);
+    Ok(None)
+}

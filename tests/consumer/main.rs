@@ -19,6 +19,8 @@ mod inbox_suite;
 mod outage;
 #[cfg(feature = "kafka")]
 mod through_broker;
+#[cfg(all(feature = "kafka", feature = "sqlite"))]
+mod upcast_through_broker;
 
 diesel::table! {
     orders (id) {
