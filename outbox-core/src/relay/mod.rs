@@ -11,6 +11,7 @@
 
 mod config;
 mod engine;
+mod health;
 mod memory;
 mod publisher;
 mod store;
@@ -19,6 +20,7 @@ pub use config::{Backoff, DeadLetterPolicy, Mode, RelayConfig, Retention, defaul
 #[cfg(feature = "kafka")]
 pub(crate) use engine::SplitMix;
 pub use engine::{Relay, RelayStats};
+pub use health::{RelayHealth, RelayState};
 pub use memory::{MemoryBroker, MemoryStore, Record, message_headers, test_message};
 pub use publisher::{Delivery, OutboxMessage, Publisher};
 pub use store::{Claim, ClaimOrder, Completion, Failure, RelayStore, ShardAssignment, StoreError};
