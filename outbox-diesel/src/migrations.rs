@@ -39,16 +39,19 @@ macro_rules! embed {
 pub(crate) const POSTGRES: &[Migration] = embed!("postgres":
     "20261129000001" _ "create_outbox",
     "20261129000002" _ "relay_leases",
+    "20261130000001" _ "relay_sessions",
 );
 #[cfg(feature = "mysql_backend")]
 pub(crate) const MYSQL: &[Migration] = embed!("mysql":
     "20261129000001" _ "create_outbox",
     "20261129000002" _ "relay_leases",
+    "20261130000001" _ "relay_sessions",
 );
 #[cfg(feature = "sqlite")]
 pub(crate) const SQLITE: &[Migration] = embed!("sqlite":
     "20261129000001" _ "create_outbox",
     "20261129000002" _ "relay_leases",
+    "20261130000001" _ "relay_sessions",
 );
 
 /// A row of `__diesel_schema_migrations`. Public only because the runner's bounds name it.

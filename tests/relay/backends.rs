@@ -7,6 +7,8 @@ use crate::support::*;
 /// What the generic store tests need of a backend.
 pub trait Backend: 'static {
     type Store: RelayStore;
+    /// Whether the store sees relays' database sessions (and so reaps dead relays).
+    const SESSIONS: bool;
     /// A fresh database with the migrations applied.
     fn database(label: &str) -> TestDatabase;
     /// A relay store on it.
@@ -52,6 +54,7 @@ pub struct Postgres;
 #[cfg(feature = "postgres")]
 impl Backend for Postgres {
     type Store = outbox::relay::PgRelayStore;
+    const SESSIONS: bool = true;
     fn database(label: &str) -> TestDatabase {
         TestDatabase::postgres(label)
     }
@@ -82,6 +85,7 @@ pub struct Mysql;
 #[cfg(feature = "mysql")]
 impl Backend for Mysql {
     type Store = outbox::relay::MysqlRelayStore;
+    const SESSIONS: bool = true;
     fn database(label: &str) -> TestDatabase {
         TestDatabase::mysql(label)
     }
@@ -122,6 +126,7 @@ fn sqlite_conn(db: &TestDatabase) -> diesel::SqliteConnection {
 #[cfg(feature = "sqlite")]
 impl Backend for Sqlite {
     type Store = outbox::relay::SqliteRelayStore;
+    const SESSIONS: bool = false;
     fn database(label: &str) -> TestDatabase {
         TestDatabase::sqlite(label)
     }

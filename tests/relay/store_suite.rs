@@ -388,6 +388,118 @@ pub async fn relays_drain<B: Backend>(mode: Mode, relays: usize, fail_one_in: u6
     );
 }
 
+fn health(mode: Mode, state: RelayState, track_session: bool) -> RelayHealth {
+    RelayHealth {
+        mode,
+        state,
+        last_error: (state == RelayState::WaitingForBroker).then(|| "all brokers down".into()),
+        track_session,
+    }
+}
+
+/// Heartbeats record health; a relay whose session ended is reaped (its shards, leadership
+/// and row leases freed at once) on backends that see sessions, and never one that tracks no
+/// session or is still connected.
+pub async fn heartbeat_and_reap<B: Backend>() {
+    let db = B::database("reap");
+    B::fill(&db, 8, 1);
+    let (mut a, mut b, mut c) = (B::store(&db), B::store(&db), B::store(&db));
+    let started = std::time::Instant::now();
+    a.heartbeat(
+        "a",
+        LEASE,
+        &health(Mode::Sharded, RelayState::Running, true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        a.rebalance_shards("a", LEASE).await.unwrap().owned.len(),
+        256
+    );
+    assert_eq!(
+        a.claim(&ordered("a", 100, true, false, true))
+            .await
+            .unwrap()
+            .len(),
+        8
+    );
+    a.heartbeat(
+        "a",
+        LEASE,
+        &health(Mode::Sharded, RelayState::WaitingForBroker, true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        B::count(
+            &db,
+            "SELECT COUNT(*) AS n FROM outbox_relays WHERE relay_id = 'a' \
+             AND state = 'waiting_for_broker' AND last_error = 'all brokers down' \
+             AND mode = 'sharded' AND state_since IS NOT NULL"
+        ),
+        1
+    );
+    // Relays of other modes heartbeat too, without shrinking the sharded relays' share.
+    b.heartbeat("b", LEASE, &health(Mode::Leader, RelayState::Standby, true))
+        .await
+        .unwrap();
+    c.heartbeat(
+        "c",
+        LEASE,
+        &health(Mode::Leader, RelayState::Standby, false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        a.rebalance_shards("a", LEASE).await.unwrap().owned.len(),
+        256
+    );
+    assert!(c.acquire_leadership("c", LEASE).await.unwrap());
+    assert_eq!(B::count(&db, "SELECT COUNT(*) AS n FROM outbox_relays"), 3);
+
+    // Nobody is dead yet (after the grace a fresh connection waits).
+    tokio::time::sleep(Duration::from_secs(4).saturating_sub(started.elapsed())).await;
+    assert_eq!(b.reap_dead_relays("b").await.unwrap(), Vec::<String>::new());
+
+    drop(a); // its connection closes, as when its process is killed
+    drop(c); // so does c's, but c tracks no session: the lease is its rule
+    let mut reaped = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while B::SESSIONS && reaped.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        reaped = b.reap_dead_relays("b").await.unwrap();
+    }
+    if !B::SESSIONS {
+        assert!(b.reap_dead_relays("b").await.unwrap().is_empty());
+        return;
+    }
+    assert_eq!(reaped, ["a"], "a's session ended; c records none");
+    assert_eq!(
+        b.reap_dead_relays("b").await.unwrap(),
+        Vec::<String>::new(),
+        "reaped once"
+    );
+    assert_eq!(B::count(&db, "SELECT COUNT(*) AS n FROM outbox_relays"), 2);
+    assert!(
+        !b.acquire_leadership("b", LEASE).await.unwrap(),
+        "c's lease holds"
+    );
+    assert_eq!(
+        b.rebalance_shards("b", LEASE).await.unwrap().owned.len(),
+        256,
+        "a's shards are free at once"
+    );
+    let got = b
+        .claim(&ordered("b", 100, true, false, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        got.len(),
+        8,
+        "a's claimed rows are free at once, not after its lease"
+    );
+}
+
 /// Instantiates the suite for one backend.
 #[macro_export]
 macro_rules! store_suite {
@@ -409,6 +521,10 @@ macro_rules! store_suite {
         #[tokio::test]
         async fn shards_rebalance() {
             s::shards_rebalance::<$backend>().await;
+        }
+        #[tokio::test]
+        async fn heartbeat_and_reap() {
+            s::heartbeat_and_reap::<$backend>().await;
         }
         #[tokio::test]
         async fn cleanup_in_bounded_batches() {

@@ -29,6 +29,23 @@ pub(crate) fn parse_headers(json: &str) -> Headers {
     }
 }
 
+/// How old a relay store's own connection must be before it reaps peers by their sessions.
+/// After a database restart every recorded session is gone at once, including those of
+/// relays that are alive and about to reconnect; waiting this long after connecting lets them
+/// record their new sessions first (they do so on connecting, and with every heartbeat, about
+/// every second).
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+pub(crate) const REAP_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A relay mode as stored in `outbox_relays.mode`.
+pub(crate) fn mode_name(mode: outbox_core::relay::Mode) -> &'static str {
+    match mode {
+        outbox_core::relay::Mode::Unordered => "unordered",
+        outbox_core::relay::Mode::Sharded => "sharded",
+        outbox_core::relay::Mode::Leader => "leader",
+    }
+}
+
 /// Seconds as the databases' interval arithmetic takes them.
 #[cfg(feature = "postgres_backend")]
 pub(crate) fn secs(d: std::time::Duration) -> f64 {

@@ -4,18 +4,19 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{BigInt, Bool, Text, Timestamp};
+use diesel::sql_types::{BigInt, Bool, Nullable, Text, Timestamp};
 use diesel::sqlite::Sqlite;
 use diesel::{QueryableByName, RunQueryDsl, SqliteConnection};
 use diesel_async::AsyncConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use outbox_core::relay::{
-    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
+    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayStore,
+    ShardAssignment, StoreError,
 };
 
 use super::common::{
     ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, MAX_INTERVAL, ShardRow, connect_error,
-    fair_share, parse_id, placeholders,
+    fair_share, mode_name, parse_id, placeholders,
 };
 use crate::backend::sqlite_timestamp;
 
@@ -95,10 +96,25 @@ const LEAD: &str = "INSERT INTO outbox_leader (name, holder, lease_until) VALUES
 
 /// `?1` relay, `?2` heartbeat end.
 const HEARTBEAT: &str = "INSERT INTO outbox_relays (relay_id, heartbeat_until) VALUES (?1, ?2) \
-     ON CONFLICT (relay_id) DO UPDATE SET heartbeat_until = excluded.heartbeat_until";
+     ON CONFLICT (relay_id) DO UPDATE SET heartbeat_until = excluded.heartbeat_until, \
+         mode = 'sharded'";
 
 /// `?1` now.
-const LIVE_RELAYS: &str = "SELECT COUNT(*) AS n FROM outbox_relays WHERE heartbeat_until > ?1";
+const LIVE_RELAYS: &str = "SELECT COUNT(*) AS n FROM outbox_relays \
+     WHERE heartbeat_until > ?1 AND mode = 'sharded'";
+
+/// `?1` relay, `?2` heartbeat until, `?3` now, `?4` mode, `?5` state, `?6` last error. No
+/// session: SQLite runs in the relay's process, and its single relay is replaced only when
+/// its lease runs out.
+const HEALTH: &str = "INSERT INTO outbox_relays \
+     (relay_id, heartbeat_until, mode, state, state_since, last_error) \
+     VALUES (?1, ?2, ?4, ?5, ?3, ?6) \
+     ON CONFLICT (relay_id) DO UPDATE SET heartbeat_until = excluded.heartbeat_until, \
+         mode = excluded.mode, state = excluded.state, \
+         state_since = CASE WHEN outbox_relays.state = excluded.state \
+                             AND outbox_relays.state_since IS NOT NULL \
+                            THEN outbox_relays.state_since ELSE excluded.state_since END, \
+         last_error = excluded.last_error";
 
 /// `?1` an hour ago.
 const FORGET_DEAD_RELAYS: &str = "DELETE FROM outbox_relays WHERE heartbeat_until < ?1";
@@ -500,6 +516,28 @@ impl RelayStore for SqliteRelayStore {
         let relay = relay.to_owned();
         self.run("rebalance shards", move |c| {
             c.immediate_transaction(|c| rebalance_in(c, &relay, lease))
+        })
+        .await
+    }
+
+    async fn heartbeat(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+        health: &RelayHealth,
+    ) -> Result<(), StoreError> {
+        let (relay, health) = (relay.to_owned(), health.clone());
+        self.run("heartbeat", move |c| {
+            let now = Utc::now();
+            diesel::sql_query(HEALTH)
+                .bind::<Text, _>(&relay)
+                .bind::<Text, _>(after(now, lease))
+                .bind::<Text, _>(sqlite_timestamp(now))
+                .bind::<Text, _>(mode_name(health.mode))
+                .bind::<Text, _>(health.state.as_str())
+                .bind::<Nullable<Text>, _>(health.last_error.as_deref())
+                .execute(c)
+                .map(|_| ())
         })
         .await
     }
