@@ -20,6 +20,21 @@ pub trait Backend: 'static {
     fn exec(db: &TestDatabase, sql: &str);
     /// `SELECT COUNT(*) AS n ...`.
     fn count(db: &TestDatabase, sql: &str) -> i64;
+    /// Reverts (with their `down.sql`) the migrations newer than `version`, so a test can
+    /// write rows that later constraints would refuse.
+    fn revert_after(db: &TestDatabase, version: &str);
+}
+
+macro_rules! revert_after {
+    ($conn:ty, $db:expr, $version:expr) => {{
+        use diesel::Connection;
+        use diesel::connection::SimpleConnection;
+        let mut conn = <$conn>::establish(&$db.url).unwrap();
+        let all = outbox::migrations::list::<<$conn as Connection>::Backend>();
+        for m in all.iter().rev().filter(|m| m.version > $version) {
+            conn.batch_execute(m.down).unwrap();
+        }
+    }};
 }
 
 macro_rules! fill_with {
@@ -77,6 +92,9 @@ impl Backend for Postgres {
             .unwrap()
             .n
     }
+    fn revert_after(db: &TestDatabase, version: &str) {
+        revert_after!(diesel::PgConnection, db, version);
+    }
 }
 
 #[cfg(feature = "mysql")]
@@ -107,6 +125,9 @@ impl Backend for Mysql {
             .get_result::<Count>(&mut conn)
             .unwrap()
             .n
+    }
+    fn revert_after(db: &TestDatabase, version: &str) {
+        revert_after!(diesel::MysqlConnection, db, version);
     }
 }
 
@@ -148,5 +169,8 @@ impl Backend for Sqlite {
             .get_result::<Count>(&mut sqlite_conn(db))
             .unwrap()
             .n
+    }
+    fn revert_after(db: &TestDatabase, version: &str) {
+        revert_after!(diesel::SqliteConnection, db, version);
     }
 }

@@ -500,6 +500,97 @@ pub async fn heartbeat_and_reap<B: Backend>() {
     );
 }
 
+/// Rows of a shape the relay cannot publish (written by other programs, before the
+/// constraints that refuse them) are dead-lettered at once with a `last_error` naming the
+/// column and value, never published with a field dropped; the later events of their
+/// aggregates claimed with them are given back, not published past them.
+pub async fn malformed_rows_are_dead_lettered<B: Backend>() {
+    let db = B::database("malformed");
+    // Later migrations refuse such rows at insert; this test is about the ones that got in.
+    B::revert_after(&db, "20261130000001");
+    B::fill(&db, 5, 2); // seq 1..5: E0 of aggregates 0..4; seq 6..10: their E1
+    let first = B::count(&db, "SELECT MIN(seq) AS n FROM outbox_events");
+    for (offset, set) in [
+        (0, "headers = '[1]'"),
+        (1, "headers = '\"x\"'"),
+        (2, "headers = 'null'"),
+        (3, "event_type = ''"),
+    ] {
+        B::exec(
+            &db,
+            &format!(
+                "UPDATE outbox_events SET {set} WHERE seq = {}",
+                first + offset
+            ),
+        );
+    }
+    let mut store = B::store(&db);
+    assert_eq!(
+        store
+            .rebalance_shards("r", LEASE)
+            .await
+            .unwrap()
+            .owned
+            .len(),
+        256
+    );
+    let got = store
+        .claim(&ordered("r", 100, true, false, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        got.iter().map(|m| m.seq).collect::<Vec<_>>(),
+        [first + 4, first + 9],
+        "only aggregate 4 is whole"
+    );
+    for (offset, text) in [
+        (0, "column `headers` is not a JSON object (value \"[1]\")"),
+        (1, "column `headers` is not a JSON object"),
+        (2, "column `headers` is not a JSON object (value \"null\")"),
+        (3, "column `event_type` is empty"),
+    ] {
+        let seq = first + offset;
+        let n = B::count(
+            &db,
+            &format!(
+                "SELECT COUNT(*) AS n FROM outbox_events WHERE seq = {seq} \
+                 AND dead_at IS NOT NULL AND published_at IS NULL AND locked_by IS NULL"
+            ),
+        );
+        assert_eq!(n, 1, "row {seq} dead-lettered");
+        let error = B::count(
+            &db,
+            &format!(
+                "SELECT COUNT(*) AS n FROM outbox_events WHERE seq = {seq} \
+                 AND last_error LIKE '%{}%'",
+                text.replace('\'', "''")
+            ),
+        );
+        assert_eq!(error, 1, "row {seq}: last_error names {text}");
+    }
+    assert_eq!(
+        B::count(
+            &db,
+            &format!(
+                "SELECT COUNT(*) AS n FROM outbox_events WHERE seq BETWEEN {} AND {} \
+                 AND locked_by IS NULL AND attempts = 0 AND dead_at IS NULL",
+                first + 5,
+                first + 8
+            )
+        ),
+        4,
+        "the later events of the malformed rows' aggregates were given back"
+    );
+    assert!(
+        store
+            .claim(&ordered("r", 100, true, false, true))
+            .await
+            .unwrap()
+            .is_empty(),
+        "they wait behind their dead letters"
+    );
+}
+
 /// Instantiates the suite for one backend.
 #[macro_export]
 macro_rules! store_suite {
@@ -525,6 +616,10 @@ macro_rules! store_suite {
         #[tokio::test]
         async fn heartbeat_and_reap() {
             s::heartbeat_and_reap::<$backend>().await;
+        }
+        #[tokio::test]
+        async fn malformed_rows_are_dead_lettered() {
+            s::malformed_rows_are_dead_lettered::<$backend>().await;
         }
         #[tokio::test]
         async fn cleanup_in_bounded_batches() {

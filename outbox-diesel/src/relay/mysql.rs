@@ -14,8 +14,8 @@ use outbox_core::relay::{
 };
 
 use super::common::{
-    ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, ShardRow, connect_error, fair_share, micros,
-    parse_id, placeholders,
+    ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, Malformed, ShardRow, connect_error,
+    fair_share, micros, parse_id, placeholders, settle_malformed, split_malformed,
 };
 use super::mysql_sessions;
 
@@ -223,9 +223,9 @@ struct Row {
 }
 
 impl Row {
-    fn into_message(self) -> diesel::QueryResult<OutboxMessage> {
-        let id = parse_id(self.columns.seq, &self.id)?;
-        Ok(self.columns.into_message(id, self.created_at.and_utc()))
+    fn into_message(self) -> Result<OutboxMessage, Malformed> {
+        let id = parse_id(self.columns.seq, &self.id);
+        self.columns.into_message(id, self.created_at.and_utc())
     }
 }
 
@@ -429,7 +429,7 @@ impl IsDeadlock for ClaimError {
 async fn claim_in(
     conn: &mut AsyncMysqlConnection,
     claim: &Claim<'_>,
-) -> Result<Vec<OutboxMessage>, ClaimError> {
+) -> Result<Vec<Result<OutboxMessage, Malformed>>, ClaimError> {
     let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX);
     let (shards_only, leader_only) = match claim.order {
         ClaimOrder::Unordered => (false, false),
@@ -491,7 +491,7 @@ async fn claim_in(
             .load::<Row>(conn)
             .await?;
         for row in rows {
-            out.push(row.into_message()?);
+            out.push(row.into_message());
         }
     }
     Ok(out)
@@ -587,7 +587,10 @@ impl RelayStore for MysqlRelayStore {
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
         let conn = self.conn().await?;
         match in_transaction!(conn, async |conn| claim_in(conn, claim).await) {
-            Ok(rows) => Ok(rows),
+            Ok(rows) => {
+                let sorted = split_malformed(rows);
+                settle_malformed(self, claim.relay, sorted).await
+            }
             Err(ClaimError::Fenced) => {
                 tracing::warn!(
                     relay = claim.relay,

@@ -14,7 +14,8 @@ use outbox_core::relay::{
 use super::pg_sessions;
 
 use super::common::{
-    ClaimedColumns, CountRow, HolderRow, ShardRow, connect_error, fair_share, secs,
+    ClaimedColumns, CountRow, HolderRow, Malformed, ShardRow, connect_error, fair_share, secs,
+    settle_malformed, split_malformed,
 };
 
 /// The channel writers notify and relays listen on.
@@ -157,9 +158,9 @@ struct Row {
     created_at: DateTime<Utc>,
 }
 
-impl From<Row> for OutboxMessage {
-    fn from(r: Row) -> Self {
-        r.columns.into_message(r.id, r.created_at)
+impl Row {
+    fn into_message(self) -> Result<OutboxMessage, Malformed> {
+        self.columns.into_message(Ok(self.id), self.created_at)
     }
 }
 
@@ -290,14 +291,8 @@ impl RelayStore for PgRelayStore {
                     .await
             }
         };
-        let mut rows: Vec<OutboxMessage> = self
-            .check("claim", r)?
-            .into_iter()
-            .map(OutboxMessage::from)
-            .collect();
-        // RETURNING does not promise an order.
-        rows.sort_unstable_by_key(|m| m.seq);
-        Ok(rows)
+        let sorted = split_malformed(self.check("claim", r)?.into_iter().map(Row::into_message));
+        settle_malformed(self, claim.relay, sorted).await
     }
 
     async fn complete(

@@ -15,8 +15,9 @@ use outbox_core::relay::{
 };
 
 use super::common::{
-    ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, MAX_INTERVAL, ShardRow, connect_error,
-    fair_share, mode_name, parse_id, placeholders,
+    ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, MAX_INTERVAL, Malformed, ShardRow,
+    connect_error, fair_share, mode_name, parse_id, placeholders, settle_malformed,
+    split_malformed,
 };
 use crate::backend::sqlite_timestamp;
 
@@ -157,9 +158,9 @@ struct Row {
 }
 
 impl Row {
-    fn into_message(self) -> diesel::QueryResult<OutboxMessage> {
-        let id = parse_id(self.columns.seq, &self.id)?;
-        Ok(self.columns.into_message(id, self.created_at.and_utc()))
+    fn into_message(self) -> Result<OutboxMessage, Malformed> {
+        let id = parse_id(self.columns.seq, &self.id);
+        self.columns.into_message(id, self.created_at.and_utc())
     }
 }
 
@@ -201,7 +202,7 @@ fn claim_in(
     limit: i64,
     lease: Duration,
     order: ClaimOrder,
-) -> diesel::QueryResult<Vec<OutboxMessage>> {
+) -> diesel::QueryResult<Vec<Result<OutboxMessage, Malformed>>> {
     let now = Utc::now();
     let (at, until) = (sqlite_timestamp(now), after(now, lease));
     let rows = match order {
@@ -225,13 +226,7 @@ fn claim_in(
             .bind::<Bool, _>(dead_letters_block)
             .load::<Row>(conn)?,
     };
-    let mut out = rows
-        .into_iter()
-        .map(Row::into_message)
-        .collect::<diesel::QueryResult<Vec<_>>>()?;
-    // RETURNING does not promise an order.
-    out.sort_unstable_by_key(|m| m.seq);
-    Ok(out)
+    Ok(rows.into_iter().map(Row::into_message).collect())
 }
 
 fn rebalance_in(
@@ -417,11 +412,10 @@ impl RelayStore for SqliteRelayStore {
         let relay = claim.relay.to_owned();
         let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX);
         let (lease, order) = (claim.lease, claim.order);
-        // One statement; the transaction only lets a malformed row undo the claim.
-        self.run("claim", move |c| {
-            c.immediate_transaction(|c| claim_in(c, &relay, limit, lease, order))
-        })
-        .await
+        let rows = self
+            .run("claim", move |c| claim_in(c, &relay, limit, lease, order))
+            .await?;
+        settle_malformed(self, claim.relay, split_malformed(rows)).await
     }
 
     async fn complete(
