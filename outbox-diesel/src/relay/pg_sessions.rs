@@ -73,9 +73,11 @@ pub(super) const REREGISTER: &str = "UPDATE outbox_relays \
 /// (`published_at IS NULL AND dead_at IS NULL AND (locked_by IS NOT NULL OR …)`, implied by
 /// the statement's `locked_by IN (…) AND published_at IS NULL AND dead_at IS NULL`): it holds
 /// only rows that are or were in flight, a few thousand at most however large the backlog.
-/// Measured with `EXPLAIN` on 200,000 pending rows with 1,000 leased (PostgreSQL 15): `Index
-/// Scan using outbox_events_inflight_aggregate`, 0.3 ms; see `tests/relay/postgres.rs`
-/// `reap_uses_the_inflight_index`.
+/// Measured with `EXPLAIN (ANALYZE)` on PostgreSQL 15, 200,000 pending rows (5,000
+/// aggregates, analysed) of which 1,000 leased by two dead relays: `Bitmap Index Scan on
+/// outbox_events_inflight_aggregate` found the 1,000 leased rows in 0.06 ms (0.6 ms with the
+/// semi-join on the dead relays), the whole statement took 43 ms, nearly all of it updating
+/// the 1,000 rows; `pg_stat_activity` is read once (a hash anti-join).
 pub const REAP: &str = "WITH dead AS ( \
        DELETE FROM outbox_relays r \
        WHERE r.relay_id <> $1 AND r.session_pid IS NOT NULL \
