@@ -52,15 +52,19 @@ impl RelayProcess {
                 mode,
             ])
             .args(["--topic-prefix", prefix, "--relay-id", &id])
-            .args([
-                "--lease",
-                "6000",
-                "--message-timeout",
-                "2000",
-                "--poll-interval",
-                "100",
-            ])
-            .args(["--retry-initial", "100", "--retry-max", "1000"])
+            // Test defaults, unless `extra` sets them.
+            .args(
+                [
+                    ["--lease", "6000"],
+                    ["--message-timeout", "2000"],
+                    ["--poll-interval", "100"],
+                    ["--retry-initial", "100"],
+                    ["--retry-max", "1000"],
+                ]
+                .into_iter()
+                .filter(|[flag, _]| !extra.contains(flag))
+                .flatten(),
+            )
             .args(extra)
             .env("RUST_LOG", "info,librdkafka=error,rdkafka::client=off")
             .stdout(Stdio::null())
