@@ -230,7 +230,7 @@ pub fn default_relay_id() -> String {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "relay".to_owned());
-    let mut rng = super::engine::SplitMix::seeded();
+    let mut rng = super::stats::SplitMix::seeded();
     format!(
         "{host}-{}-{:06x}",
         std::process::id(),
