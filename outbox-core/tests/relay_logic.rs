@@ -521,9 +521,35 @@ fn config_validation_names_the_setting() {
             },
             "publish_timeout",
         ),
+        (
+            RelayConfig {
+                session_check: Some(Duration::from_millis(1)),
+                ..RelayConfig::default()
+            },
+            "session_check",
+        ),
+        (
+            RelayConfig {
+                outage_backoff: Backoff {
+                    max: Duration::ZERO,
+                    ..RelayConfig::default().outage_backoff
+                },
+                ..RelayConfig::default()
+            },
+            "outage_backoff.max",
+        ),
     ] {
         assert!(config.validate().unwrap_err().contains(needle), "{needle}");
     }
+    assert!(
+        RelayConfig {
+            session_check: None,
+            ..RelayConfig::default()
+        }
+        .validate()
+        .is_ok(),
+        "session detection off"
+    );
     assert_eq!("sharded".parse::<Mode>(), Ok(Mode::Sharded));
     assert!(
         "round-robin"

@@ -44,7 +44,7 @@ fn free_port() -> u16 {
 /// A tansu broker of our own, reached only through a TCP proxy that the test can cut: the
 /// broker keeps running (and keeps its data) while the relay sees it gone. tansu advertises
 /// the proxy's address, so every client connection goes through the proxy.
-struct CuttableBroker {
+pub(crate) struct CuttableBroker {
     tansu: Child,
     proxy_port: u16,
     up: Arc<AtomicBool>,
@@ -52,7 +52,7 @@ struct CuttableBroker {
 }
 
 impl CuttableBroker {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-kafka/lib");
         let bin = std::fs::read_dir(&venv)
             .ok()
@@ -115,12 +115,12 @@ impl CuttableBroker {
         }
     }
 
-    fn address(&self) -> String {
+    pub(crate) fn address(&self) -> String {
         format!("127.0.0.1:{}", self.proxy_port)
     }
 
     /// Cuts every connection and refuses new ones.
-    fn cut(&self) {
+    pub(crate) fn cut(&self) {
         self.up.store(false, Ordering::SeqCst);
         for c in self.connections.lock().unwrap().drain(..) {
             let _ = c.shutdown(Shutdown::Both);
@@ -141,7 +141,7 @@ impl Drop for CuttableBroker {
 
 /// What `outbox status` prints about the relays.
 fn status_relays(url: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
+    let out = Command::new(outbox_bin())
         .args(["status", "--database-url", url])
         .output()
         .unwrap();

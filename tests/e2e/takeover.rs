@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use diesel::{Connection, RunQueryDsl};
 use outbox::prelude::*;
 
+use crate::faults::CuttableBroker;
 use crate::harness::*;
 use crate::scenarios::{fill, pending_mysql, pending_pg};
 use crate::support::*;
@@ -57,7 +58,13 @@ const EVENTS: usize = 20_000;
 
 fn sharded_kill(url: &str, pending: fn(&str) -> i64, fill: impl FnOnce(), label: &str) {
     let prefix = unique_prefix(label);
-    let mut victim = RelayProcess::spawn(url, &noida(), "sharded", &prefix, ARGS);
+    // The victim publishes through a broker the test cuts before any event is written, so its
+    // claimed rows stay in flight (each publish hangs for its 10 s message timeout) and it is
+    // certain to hold some when killed; it publishes nothing, the survivor everything.
+    let cuttable = CuttableBroker::start();
+    let victim_args = [ARGS, &["--message-timeout", "10000"]].concat();
+    let mut victim =
+        RelayProcess::spawn(url, &cuttable.address(), "sharded", &prefix, &victim_args);
     let mut survivor = RelayProcess::spawn(url, &noida(), "sharded", &prefix, ARGS);
     let start = Instant::now();
     // Both hold shards, and are past the grace a fresh connection waits before reaping (3 s).
@@ -69,14 +76,18 @@ fn sharded_kill(url: &str, pending: fn(&str) -> i64, fill: impl FnOnce(), label:
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_secs(4).saturating_sub(start.elapsed()));
+    cuttable.cut();
     fill();
-    // Kill the victim while it holds claimed rows.
-    let mut held = 0;
-    while held == 0 && pending(url) > 0 {
-        held = leased_to(url, &victim.id);
+    while leased_to(url, &victim.id) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "the victim claimed nothing"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
     victim.kill();
     let killed = Instant::now();
+    let held = leased_to(url, &victim.id);
     assert!(held > 0, "the victim held claimed rows when killed");
     let (mut all_shards, mut rows_moved) = (None, None);
     while (all_shards.is_none() || rows_moved.is_none()) && killed.elapsed() < BOUND {
@@ -90,7 +101,7 @@ fn sharded_kill(url: &str, pending: fn(&str) -> i64, fill: impl FnOnce(), label:
     }
     eprintln!(
         "{label}: victim killed holding {held} claimed rows; survivor held all 256 shards after \
-         {all_shards:?}, the victim's rows were re-claimed after {rows_moved:?} (lease 30 s)"
+         {all_shards:?}, the victim's rows were all re-claimed after {rows_moved:?} (lease 30 s)"
     );
     let all_shards = all_shards.expect("the survivor took every shard within the bound");
     let rows_moved = rows_moved.expect("the victim's claimed rows moved within the bound");

@@ -207,11 +207,11 @@ impl RelayConfig {
                 "session_check ({every:?}) must be at least 10 ms (each check is a query)"
             ));
         }
-        if self.outage_backoff.max.is_zero() || self.outage_backoff.max > self.lease {
-            return Err(format!(
-                "outage_backoff.max ({:?}) must be above zero and at most lease ({:?})",
-                self.outage_backoff.max, self.lease
-            ));
+        if self.outage_backoff.max.is_zero() {
+            return Err(
+                "outage_backoff.max must be above zero (else an outage is retried in a busy loop)"
+                    .into(),
+            );
         }
         if let Some(r) = &self.retention
             && r.batch == 0
