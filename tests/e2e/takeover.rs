@@ -215,3 +215,74 @@ fn killed_leader_is_replaced_in_seconds() {
     assert_eq!(ids.len(), 8_000, "nothing lost");
     assert_per_key_order(&messages);
 }
+
+fn signal(relay: &RelayProcess, sig: &str) {
+    let pid = relay.child.id().to_string();
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// A paused relay (SIGSTOP: process and database session alive) is not taken for dead: it
+/// loses its shards only when its lease runs out, as before session detection, and after
+/// SIGCONT it acts on nothing it lost (fencing); nothing is lost or reordered.
+#[test]
+fn paused_relay_is_fenced_by_its_lease_not_reaped() {
+    let db = TestDatabase::postgres("e2e_paused");
+    let url = db.url.clone();
+    let prefix = unique_prefix("paused");
+    // The harness's 6 s lease.
+    let args = ["--batch-size", "100"];
+    let mut paused = RelayProcess::spawn(&url, &noida(), "sharded", &prefix, &args);
+    let mut survivor = RelayProcess::spawn(&url, &noida(), "sharded", &prefix, &args);
+    let start = Instant::now();
+    while shards_of(&url, &paused.id) == 0 || shards_of(&url, &survivor.id) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "relays did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(start.elapsed()));
+    let mut conn = diesel::PgConnection::establish(&url).unwrap();
+    fill!(conn, 400, 10);
+    signal(&paused, "-STOP");
+    let stopped = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        shards_of(&url, &paused.id) > 0,
+        "a paused relay's session is alive: it is not reaped"
+    );
+    while shards_of(&url, &survivor.id) < 256 {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(20),
+            "the paused relay's shards moved when its lease ran out"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let moved = stopped.elapsed();
+    eprintln!("paused relay: its shards moved after {moved:?} (lease 6 s)");
+    assert!(moved >= Duration::from_secs(3));
+    signal(&paused, "-CONT");
+    wait_drained(|| pending_pg(&url), Duration::from_secs(120));
+    let messages = consume(
+        &noida(),
+        &format!("{prefix}order-lifecycle"),
+        4_000,
+        Duration::from_secs(60),
+    );
+    paused.terminate();
+    survivor.terminate();
+    let ids: HashSet<&str> = messages.iter().map(|m| m.id()).collect();
+    assert_eq!(ids.len(), 4_000, "nothing lost");
+    assert_per_key_order(&messages);
+    assert!(
+        !survivor
+            .log_text()
+            .contains("replaced relays whose database session ended"),
+        "nobody was reaped"
+    );
+}

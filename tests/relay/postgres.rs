@@ -318,5 +318,8 @@ fn reap_uses_the_inflight_index() {
         plan.contains("outbox_events_inflight_aggregate"),
         "the dead relay's leases are found through the in-flight index:\n{plan}"
     );
-    assert!(plan.contains("rows=500"), "all 500 of its leases expired:\n{plan}");
+    assert!(
+        plan.contains("rows=500"),
+        "all 500 of its leases expired:\n{plan}"
+    );
 }
