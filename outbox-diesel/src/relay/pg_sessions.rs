@@ -13,7 +13,7 @@
 //! end of file at once and exits, and its `pg_stat_activity` row is gone: peers checking
 //! every second reap it within about a second. Measured (`tests/e2e/takeover.rs`, 30 s
 //! lease, 2 shared cores): the survivor held every shard and had claimed the victim's rows
-//! 0.3–0.6 s after the SIGKILL; a standby led 0.2–0.3 s after its leader's. A relay whose host vanished (no FIN) keeps
+//! 0.3–1.1 s after the SIGKILL (four runs); a standby led 0.2–0.3 s after its leader's. A relay whose host vanished (no FIN) keeps
 //! its backend until TCP keepalive gives up; its lease is the rule then, as before.
 //!
 //! **Paused or partitioned relays** (SIGSTOP, a network partition) keep their backend, so
