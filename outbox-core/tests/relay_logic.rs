@@ -118,21 +118,55 @@ async fn sharded_relays_keep_order_under_random_failures() {
         let store = MemoryStore::default();
         let n = fill(&store, 40, 25);
         let broker = Arc::new(MemoryBroker::new());
-        let state = std::sync::Mutex::new(seed);
-        broker.fail_when(move |m| {
+        let state = Arc::new(std::sync::Mutex::new(seed));
+        let xorshift = move || {
             let mut s = state.lock().unwrap();
             *s ^= *s << 13;
             *s ^= *s >> 7;
             *s ^= *s << 17;
-            (*s % 10 == 0).then(|| format!("injected failure for {}", m.seq))
+            *s
+        };
+        let next = xorshift.clone();
+        broker.fail_when(move |m| {
+            (next() % 10 == 0).then(|| format!("injected failure for {}", m.seq))
+        });
+        // Outages too: a tenth of the messages meet an unavailable broker (a partition
+        // without a leader), and the whole broker goes away for a while, refusing and then
+        // black-holing publishes. None of it may cost an attempt or break order.
+        let next = xorshift.clone();
+        broker.unavailable_when(move |m| {
+            (next() % 10 == 1).then(|| format!("injected outage for {}", m.seq))
+        });
+        let flaky = broker.clone();
+        let outages = tokio::spawn(async move {
+            for _ in 0..2 {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                flaky.set_available(false);
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                flaky.set_available(true);
+                flaky.set_black_hole(true);
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                flaky.set_black_hole(false);
+            }
         });
         let configs = (0..4).map(|_| fast(Mode::Sharded)).collect();
         let stats = run_relays(&store, &broker, configs, Duration::from_secs(30)).await;
+        outages.await.unwrap();
         assert!(
             store.is_drained(),
             "seed {seed}: {} pending",
             store.pending()
         );
+        assert_eq!(
+            store.dead_letters(),
+            [],
+            "seed {seed}: outages never dead-letter"
+        );
+        let unavailable: u64 = stats
+            .iter()
+            .map(|s| s.unavailable.load(Ordering::Relaxed))
+            .sum();
+        assert!(unavailable > 0, "seed {seed}: outages were injected");
         assert_ordered_and_complete(&broker, n);
         assert_eq!(
             broker.all_records().len(),
@@ -293,6 +327,120 @@ async fn relay_recovers_from_store_and_broker_outages() {
     assert!(stats[0].store_errors.load(Ordering::Relaxed) >= 20);
 }
 
+/// A broker outage (refused, then black-holed) with `max_attempts = 2`: nothing is
+/// dead-lettered, nothing lost, order kept, the relay shows `waiting_for_broker` meanwhile,
+/// and delivery resumes within the outage backoff's cap of the broker's return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_outage_costs_no_attempt_and_resumes_quickly() {
+    for black_hole in [false, true] {
+        let store = MemoryStore::default();
+        let n = fill(&store, 30, 10);
+        let broker = Arc::new(MemoryBroker::new());
+        let mut config = fast(Mode::Sharded);
+        config.relay_id = "r".into();
+        config.max_attempts = 2;
+        config.outage_backoff.max = Duration::from_millis(200);
+        config.batch_size = 16;
+        // Down from the start (mid-drain outages: see the property test above), so the outage
+        // is certain to be met.
+        if black_hole {
+            broker.set_black_hole(true);
+        } else {
+            broker.set_available(false);
+        }
+        let relay = Relay::new(store.clone(), broker.clone(), config).unwrap();
+        let stats = relay.stats();
+        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+        let handle = tokio::spawn(relay.run(async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        }));
+        tokio::time::sleep(Duration::from_millis(1500)).await; // many publishes fail meanwhile
+        let during = broker.all_records().len();
+        let (state, error) = store.relay_health("r").unwrap();
+        assert_eq!(
+            state,
+            RelayState::WaitingForBroker,
+            "black hole {black_hole}"
+        );
+        assert!(error.is_some_and(|e| !e.is_empty()));
+        broker.set_black_hole(false);
+        broker.set_available(true);
+        let back = tokio::time::Instant::now();
+        while broker.all_records().len() == during {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let resumed = back.elapsed();
+        while !store.is_drained() && back.elapsed() < Duration::from_secs(20) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop_tx.send(true).unwrap();
+        handle.await.unwrap();
+        eprintln!(
+            "black hole {black_hole}: delivery resumed {resumed:?} after the broker returned"
+        );
+        assert!(resumed < Duration::from_millis(1000), "{resumed:?}");
+        assert_eq!(store.dead_letters(), [], "black hole {black_hole}");
+        assert_ordered_and_complete(&broker, n);
+        assert!(stats.broker_waits.load(Ordering::Relaxed) >= 2);
+        assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 0);
+    }
+}
+
+/// A relay that dies without a word (its task dropped, its session ended) is replaced at the
+/// next session check: its shards and its claimed rows move at once, not after its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_relay_is_reaped_by_its_session_not_its_lease() {
+    let store = MemoryStore::default();
+    let n = fill(&store, 20, 5);
+    let broker = Arc::new(MemoryBroker::new());
+    broker.set_black_hole(true); // the victim claims rows and hangs publishing them
+    let mut victim = fast(Mode::Sharded);
+    victim.relay_id = "victim".into();
+    victim.lease = Duration::from_secs(60);
+    victim.publish_timeout = Duration::from_secs(50);
+    victim.session_check = Some(Duration::from_millis(20));
+    let relay = Relay::new(store.clone(), broker.clone(), victim.clone()).unwrap();
+    let handle = tokio::spawn(relay.run(std::future::pending()));
+    // Until the victim holds every shard and has claimed a batch (its publish hangs).
+    let mut probe = store.clone();
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let claim = Claim {
+            relay: "probe",
+            limit: 1000,
+            lease: Duration::from_secs(1),
+            order: ClaimOrder::Unordered,
+        };
+        let free = probe.claim(&claim).await.unwrap();
+        probe
+            .release("probe", &free.iter().map(|m| m.seq).collect::<Vec<_>>())
+            .await
+            .unwrap();
+        if free.len() < n {
+            break;
+        }
+    }
+    handle.abort(); // killed: nothing released
+    let _ = handle.await;
+    store.end_session("victim");
+    broker.set_black_hole(false);
+
+    let mut survivor = victim;
+    survivor.relay_id = "survivor".into();
+    let started = tokio::time::Instant::now();
+    let stats = run_relays(&store, &broker, vec![survivor], Duration::from_secs(10)).await;
+    let took = started.elapsed();
+    eprintln!("dead relay replaced and its rows drained in {took:?}");
+    assert!(store.is_drained(), "{} pending", store.pending());
+    assert!(
+        took < Duration::from_secs(5),
+        "not the 60 s lease: {took:?}"
+    );
+    assert_eq!(stats[0].reaped.load(Ordering::Relaxed), 1);
+    assert!(store.relay_health("victim").is_none());
+    assert_ordered_and_complete(&broker, n);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_releases_everything() {
     let store = MemoryStore::default();
@@ -373,9 +521,35 @@ fn config_validation_names_the_setting() {
             },
             "publish_timeout",
         ),
+        (
+            RelayConfig {
+                session_check: Some(Duration::from_millis(1)),
+                ..RelayConfig::default()
+            },
+            "session_check",
+        ),
+        (
+            RelayConfig {
+                outage_backoff: Backoff {
+                    max: Duration::ZERO,
+                    ..RelayConfig::default().outage_backoff
+                },
+                ..RelayConfig::default()
+            },
+            "outage_backoff.max",
+        ),
     ] {
         assert!(config.validate().unwrap_err().contains(needle), "{needle}");
     }
+    assert!(
+        RelayConfig {
+            session_check: None,
+            ..RelayConfig::default()
+        }
+        .validate()
+        .is_ok(),
+        "session detection off"
+    );
     assert_eq!("sharded".parse::<Mode>(), Ok(Mode::Sharded));
     assert!(
         "round-robin"

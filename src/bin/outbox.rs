@@ -42,7 +42,8 @@ enum Command {
     /// Publish committed outbox events to Kafka until stopped (SIGINT/SIGTERM: finish the
     /// batch in flight, release the leases, exit).
     Relay(RelayArgs),
-    /// Show the backlog, its oldest event, dead letters, in-flight leases and owners.
+    /// Show the backlog, its oldest event, dead letters, in-flight leases, shard owners and
+    /// each relay's state (running, waiting_for_broker, standby).
     Status {
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
@@ -103,6 +104,11 @@ struct RelayArgs {
     /// PostgreSQL: do not LISTEN for writers' notifications; poll only.
     #[arg(long, env = "OUTBOX_NO_LISTEN")]
     no_listen: bool,
+    /// Do not watch relays' database sessions (replace a dead relay only when its lease runs
+    /// out). Needed behind a transaction pooler (e.g. PgBouncer in transaction mode), where a
+    /// server session does not belong to one relay.
+    #[arg(long, env = "OUTBOX_NO_SESSION_CHECK")]
+    no_session_check: bool,
 }
 
 /// An error for the operator: one line, saying what to do.
@@ -320,6 +326,9 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     if let Some(id) = args.relay_id {
         config.relay_id = id;
     }
+    if args.no_session_check {
+        config.session_check = None;
+    }
     config.validate().map_err(Fatal)?;
     tracing::info!(
         relay = %config.relay_id, mode = ?config.mode, database = %describe(&url),
@@ -385,6 +394,52 @@ struct OwnerRow {
     shards: i64,
 }
 
+/// A relay's heartbeat row: what `outbox status` shows of each relay.
+#[derive(diesel::QueryableByName, Debug)]
+struct RelayStatus {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    relay_id: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    mode: String,
+    /// `running`, `waiting_for_broker` or `standby`.
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    state: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    state_since: Option<String>,
+    /// 1 while its heartbeat has not expired.
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    live: i64,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    last_error: Option<String>,
+    /// Its database session (PostgreSQL backend pid, MySQL lock name), if it records one.
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    session: Option<String>,
+}
+
+impl std::fmt::Display for RelayStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}): {}", self.relay_id, self.mode, self.state)?;
+        if let Some(since) = &self.state_since {
+            write!(f, " since {since}")?;
+        }
+        if self.live == 0 {
+            write!(f, ", heartbeat expired")?;
+        }
+        if let Some(session) = &self.session {
+            write!(f, ", session {session}")?;
+        }
+        if let Some(error) = &self.last_error {
+            write!(f, "\n                last outage: {error}")?;
+        }
+        Ok(())
+    }
+}
+
+const RELAYS_SQL: &str = "SELECT relay_id, mode, state, \
+    CAST(state_since AS TEXT) AS state_since, \
+    CAST(CASE WHEN heartbeat_until > now() THEN 1 ELSE 0 END AS BIGINT) AS live, \
+    last_error, CAST(session_pid AS TEXT) AS session FROM outbox_relays ORDER BY relay_id";
+
 async fn status(url: &str) -> Result<(), Fatal> {
     use diesel_async::RunQueryDsl;
     check_migrated(url).await?;
@@ -405,7 +460,7 @@ async fn status(url: &str) -> Result<(), Fatal> {
         WHERE owner IS NOT NULL GROUP BY owner ORDER BY owner";
     let unreachable =
         |e: diesel::ConnectionError| Fatal(format!("cannot connect to {}: {e}", describe(&url)));
-    let (row, owners): (StatusRow, Vec<OwnerRow>) = match backend {
+    let (row, owners, relays): (StatusRow, Vec<OwnerRow>, Vec<RelayStatus>) = match backend {
         Backend::Postgres => {
             let mut c = diesel_async::AsyncPgConnection::establish(&url)
                 .await
@@ -413,6 +468,7 @@ async fn status(url: &str) -> Result<(), Fatal> {
             (
                 diesel::sql_query(counts_pg).get_result(&mut c).await?,
                 diesel::sql_query(owners).load(&mut c).await?,
+                diesel::sql_query(RELAYS_SQL).load(&mut c).await?,
             )
         }
         Backend::Mysql => {
@@ -424,9 +480,15 @@ async fn status(url: &str) -> Result<(), Fatal> {
                 .replace(" AS pending", " AS SIGNED) AS pending")
                 .replace(" AS in_flight", " AS SIGNED) AS in_flight")
                 .replace(" AS dead,", " AS SIGNED) AS dead,");
+            let relays = RELAYS_SQL
+                .replace("AS TEXT) AS state_since", "AS CHAR(40)) AS state_since")
+                .replace("now()", "UTC_TIMESTAMP(6)")
+                .replace("AS BIGINT", "AS SIGNED")
+                .replace("CAST(session_pid AS TEXT)", "session_lock");
             (
                 diesel::sql_query(counts).get_result(&mut c).await?,
                 diesel::sql_query(owners).load(&mut c).await?,
+                diesel::sql_query(relays).load(&mut c).await?,
             )
         }
         Backend::Sqlite => {
@@ -440,9 +502,14 @@ async fn status(url: &str) -> Result<(), Fatal> {
                 .replace(" AS pending", " AS INTEGER) AS pending")
                 .replace(" AS in_flight", " AS INTEGER) AS in_flight")
                 .replace(" AS dead,", " AS INTEGER) AS dead,");
+            let relays = RELAYS_SQL
+                .replace("now()", "strftime('%Y-%m-%d %H:%M:%f', 'now')")
+                .replace("AS BIGINT", "AS INTEGER")
+                .replace("CAST(session_pid AS TEXT)", "NULL");
             (
                 diesel::sql_query(counts).get_result(&mut c).await?,
                 diesel::sql_query(owners).load(&mut c).await?,
+                diesel::sql_query(relays).load(&mut c).await?,
             )
         }
     };
@@ -459,6 +526,12 @@ async fn status(url: &str) -> Result<(), Fatal> {
         for o in owners {
             println!("shard owner:    {} ({} shards)", o.owner, o.shards);
         }
+    }
+    if relays.is_empty() {
+        println!("relays:         none");
+    }
+    for r in &relays {
+        println!("relay:          {r}");
     }
     Ok(())
 }

@@ -28,6 +28,12 @@ pub fn unique_prefix(label: &str) -> String {
 }
 
 /// An `outbox relay` process.
+/// The `outbox` binary: `OUTBOX_BIN` if set (a copy of this build's binary, for a target
+/// directory that other builds share and may overwrite mid-run), else Cargo's.
+pub fn outbox_bin() -> String {
+    std::env::var("OUTBOX_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox").to_owned())
+}
+
 pub struct RelayProcess {
     pub child: Child,
     pub log: PathBuf,
@@ -41,7 +47,7 @@ impl RelayProcess {
         let id = format!("relay-{}-{n}", std::process::id());
         let log = std::env::temp_dir().join(format!("outbox-e2e-{id}.log"));
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        let child = Command::new(outbox_bin())
             .args([
                 "relay",
                 "--database-url",
@@ -52,15 +58,19 @@ impl RelayProcess {
                 mode,
             ])
             .args(["--topic-prefix", prefix, "--relay-id", &id])
-            .args([
-                "--lease",
-                "6000",
-                "--message-timeout",
-                "2000",
-                "--poll-interval",
-                "100",
-            ])
-            .args(["--retry-initial", "100", "--retry-max", "1000"])
+            // Test defaults, unless `extra` sets them.
+            .args(
+                [
+                    ["--lease", "6000"],
+                    ["--message-timeout", "2000"],
+                    ["--poll-interval", "100"],
+                    ["--retry-initial", "100"],
+                    ["--retry-max", "1000"],
+                ]
+                .into_iter()
+                .filter(|[flag, _]| !extra.contains(flag))
+                .flatten(),
+            )
             .args(extra)
             .env("RUST_LOG", "info,librdkafka=error,rdkafka::client=off")
             .stdout(Stdio::null())

@@ -11,6 +11,7 @@ mod support;
 mod faults;
 mod harness;
 mod scenarios;
+mod takeover;
 
 diesel::table! {
     orders (id) {

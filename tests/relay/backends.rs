@@ -7,6 +7,8 @@ use crate::support::*;
 /// What the generic store tests need of a backend.
 pub trait Backend: 'static {
     type Store: RelayStore;
+    /// Whether the store sees relays' database sessions (and so reaps dead relays).
+    const SESSIONS: bool;
     /// A fresh database with the migrations applied.
     fn database(label: &str) -> TestDatabase;
     /// A relay store on it.
@@ -18,6 +20,21 @@ pub trait Backend: 'static {
     fn exec(db: &TestDatabase, sql: &str);
     /// `SELECT COUNT(*) AS n ...`.
     fn count(db: &TestDatabase, sql: &str) -> i64;
+    /// Reverts (with their `down.sql`) the migrations newer than `version`, so a test can
+    /// write rows that later constraints would refuse.
+    fn revert_after(db: &TestDatabase, version: &str);
+}
+
+macro_rules! revert_after {
+    ($conn:ty, $db:expr, $version:expr) => {{
+        use diesel::Connection;
+        use diesel::connection::SimpleConnection;
+        let mut conn = <$conn>::establish(&$db.url).unwrap();
+        let all = outbox::migrations::list::<<$conn as Connection>::Backend>();
+        for m in all.iter().rev().filter(|m| m.version > $version) {
+            conn.batch_execute(m.down).unwrap();
+        }
+    }};
 }
 
 macro_rules! fill_with {
@@ -52,6 +69,7 @@ pub struct Postgres;
 #[cfg(feature = "postgres")]
 impl Backend for Postgres {
     type Store = outbox::relay::PgRelayStore;
+    const SESSIONS: bool = true;
     fn database(label: &str) -> TestDatabase {
         TestDatabase::postgres(label)
     }
@@ -74,6 +92,9 @@ impl Backend for Postgres {
             .unwrap()
             .n
     }
+    fn revert_after(db: &TestDatabase, version: &str) {
+        revert_after!(diesel::PgConnection, db, version);
+    }
 }
 
 #[cfg(feature = "mysql")]
@@ -82,6 +103,7 @@ pub struct Mysql;
 #[cfg(feature = "mysql")]
 impl Backend for Mysql {
     type Store = outbox::relay::MysqlRelayStore;
+    const SESSIONS: bool = true;
     fn database(label: &str) -> TestDatabase {
         TestDatabase::mysql(label)
     }
@@ -104,6 +126,9 @@ impl Backend for Mysql {
             .unwrap()
             .n
     }
+    fn revert_after(db: &TestDatabase, version: &str) {
+        revert_after!(diesel::MysqlConnection, db, version);
+    }
 }
 
 #[cfg(feature = "sqlite")]
@@ -122,6 +147,7 @@ fn sqlite_conn(db: &TestDatabase) -> diesel::SqliteConnection {
 #[cfg(feature = "sqlite")]
 impl Backend for Sqlite {
     type Store = outbox::relay::SqliteRelayStore;
+    const SESSIONS: bool = false;
     fn database(label: &str) -> TestDatabase {
         TestDatabase::sqlite(label)
     }
@@ -143,5 +169,8 @@ impl Backend for Sqlite {
             .get_result::<Count>(&mut sqlite_conn(db))
             .unwrap()
             .n
+    }
+    fn revert_after(db: &TestDatabase, version: &str) {
+        revert_after!(diesel::SqliteConnection, db, version);
     }
 }

@@ -5,8 +5,8 @@ use crate::backends::Mysql;
 crate::store_suite!(Mysql);
 
 #[tokio::test]
-async fn malformed_id_fails_the_claim_and_undoes_it() {
-    crate::text_ids::malformed_id_fails_the_claim_and_undoes_it::<Mysql>().await;
+async fn malformed_id_is_dead_lettered() {
+    crate::text_ids::malformed_id_is_dead_lettered::<Mysql>().await;
 }
 
 /// An ordered claim that waits for a row lock (InnoDB's locking reads wait where

@@ -284,3 +284,42 @@ async fn no_transaction_is_held_across_a_publish() {
         .unwrap();
     }
 }
+
+/// Reaping a dead relay finds its leased rows through the small in-flight index, not by
+/// scanning the backlog (the finding written next to `pg_sessions::REAP`).
+#[test]
+fn reap_uses_the_inflight_index() {
+    let db = Postgres::database("reap_plan");
+    let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
+    conn.batch_execute(
+        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, \
+           event_version, payload, shard) \
+         SELECT gen_random_uuid(), 'order', (g % 5000)::text, 'E', 1, '{}', g % 256 \
+         FROM generate_series(1, 100000) g; \
+         UPDATE outbox_events SET locked_by = 'dead', locked_until = now() + interval '30 s', \
+           attempts = 1 WHERE seq <= 500; \
+         INSERT INTO outbox_relays (relay_id, heartbeat_until, session_pid, session_start) \
+           VALUES ('dead', now() + interval '30 s', 2147483647, now()); \
+         ANALYZE outbox_events",
+    )
+    .unwrap();
+    #[derive(diesel::QueryableByName)]
+    struct Plan {
+        #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
+        line: String,
+    }
+    let reap = outbox::relay::__sql::PG_REAP.replace("$1", "'me'");
+    let plan = diesel::sql_query(format!("EXPLAIN (ANALYZE) {reap}"))
+        .load::<Plan>(&mut conn)
+        .unwrap();
+    let plan: String = plan.into_iter().map(|p| p.line + "\n").collect();
+    eprintln!("{plan}");
+    assert!(
+        plan.contains("outbox_events_inflight_aggregate"),
+        "the dead relay's leases are found through the in-flight index:\n{plan}"
+    );
+    assert!(
+        plan.contains("rows=500"),
+        "all 500 of its leases expired:\n{plan}"
+    );
+}

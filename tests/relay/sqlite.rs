@@ -6,6 +6,6 @@ use crate::backends::Sqlite;
 crate::store_suite!(Sqlite);
 
 #[tokio::test]
-async fn malformed_id_fails_the_claim_and_undoes_it() {
-    crate::text_ids::malformed_id_fails_the_claim_and_undoes_it::<Sqlite>().await;
+async fn malformed_id_is_dead_lettered() {
+    crate::text_ids::malformed_id_is_dead_lettered::<Sqlite>().await;
 }

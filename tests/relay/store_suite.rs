@@ -388,6 +388,209 @@ pub async fn relays_drain<B: Backend>(mode: Mode, relays: usize, fail_one_in: u6
     );
 }
 
+fn health(mode: Mode, state: RelayState, track_session: bool) -> RelayHealth {
+    RelayHealth {
+        mode,
+        state,
+        last_error: (state == RelayState::WaitingForBroker).then(|| "all brokers down".into()),
+        track_session,
+    }
+}
+
+/// Heartbeats record health; a relay whose session ended is reaped (its shards, leadership
+/// and row leases freed at once) on backends that see sessions, and never one that tracks no
+/// session or is still connected.
+pub async fn heartbeat_and_reap<B: Backend>() {
+    let db = B::database("reap");
+    B::fill(&db, 8, 1);
+    let (mut a, mut b, mut c) = (B::store(&db), B::store(&db), B::store(&db));
+    let started = std::time::Instant::now();
+    a.heartbeat(
+        "a",
+        LEASE,
+        &health(Mode::Sharded, RelayState::Running, true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        a.rebalance_shards("a", LEASE).await.unwrap().owned.len(),
+        256
+    );
+    assert_eq!(
+        a.claim(&ordered("a", 100, true, false, true))
+            .await
+            .unwrap()
+            .len(),
+        8
+    );
+    a.heartbeat(
+        "a",
+        LEASE,
+        &health(Mode::Sharded, RelayState::WaitingForBroker, true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        B::count(
+            &db,
+            "SELECT COUNT(*) AS n FROM outbox_relays WHERE relay_id = 'a' \
+             AND state = 'waiting_for_broker' AND last_error = 'all brokers down' \
+             AND mode = 'sharded' AND state_since IS NOT NULL"
+        ),
+        1
+    );
+    // Relays of other modes heartbeat too, without shrinking the sharded relays' share.
+    b.heartbeat("b", LEASE, &health(Mode::Leader, RelayState::Standby, true))
+        .await
+        .unwrap();
+    c.heartbeat(
+        "c",
+        LEASE,
+        &health(Mode::Leader, RelayState::Standby, false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        a.rebalance_shards("a", LEASE).await.unwrap().owned.len(),
+        256
+    );
+    assert!(c.acquire_leadership("c", LEASE).await.unwrap());
+    assert_eq!(B::count(&db, "SELECT COUNT(*) AS n FROM outbox_relays"), 3);
+
+    // Nobody is dead yet (after the grace a fresh connection waits).
+    tokio::time::sleep(Duration::from_secs(4).saturating_sub(started.elapsed())).await;
+    assert_eq!(b.reap_dead_relays("b").await.unwrap(), Vec::<String>::new());
+
+    drop(a); // its connection closes, as when its process is killed
+    drop(c); // so does c's, but c tracks no session: the lease is its rule
+    let mut reaped = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while B::SESSIONS && reaped.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        reaped = b.reap_dead_relays("b").await.unwrap();
+    }
+    if !B::SESSIONS {
+        assert!(b.reap_dead_relays("b").await.unwrap().is_empty());
+        return;
+    }
+    assert_eq!(reaped, ["a"], "a's session ended; c records none");
+    assert_eq!(
+        b.reap_dead_relays("b").await.unwrap(),
+        Vec::<String>::new(),
+        "reaped once"
+    );
+    assert_eq!(B::count(&db, "SELECT COUNT(*) AS n FROM outbox_relays"), 2);
+    assert!(
+        !b.acquire_leadership("b", LEASE).await.unwrap(),
+        "c's lease holds"
+    );
+    assert_eq!(
+        b.rebalance_shards("b", LEASE).await.unwrap().owned.len(),
+        256,
+        "a's shards are free at once"
+    );
+    let got = b
+        .claim(&ordered("b", 100, true, false, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        got.len(),
+        8,
+        "a's claimed rows are free at once, not after its lease"
+    );
+}
+
+/// Rows of a shape the relay cannot publish (written by other programs, before the
+/// constraints that refuse them) are dead-lettered at once with a `last_error` naming the
+/// column and value, never published with a field dropped; the later events of their
+/// aggregates claimed with them are given back, not published past them.
+pub async fn malformed_rows_are_dead_lettered<B: Backend>() {
+    let db = B::database("malformed");
+    // Later migrations refuse such rows at insert; this test is about the ones that got in.
+    B::revert_after(&db, "20261130000001");
+    B::fill(&db, 5, 2); // seq 1..5: E0 of aggregates 0..4; seq 6..10: their E1
+    let first = B::count(&db, "SELECT MIN(seq) AS n FROM outbox_events");
+    for (offset, set) in [
+        (0, "headers = '[1]'"),
+        (1, "headers = '\"x\"'"),
+        (2, "headers = 'null'"),
+        (3, "event_type = ''"),
+    ] {
+        B::exec(
+            &db,
+            &format!(
+                "UPDATE outbox_events SET {set} WHERE seq = {}",
+                first + offset
+            ),
+        );
+    }
+    let mut store = B::store(&db);
+    assert_eq!(
+        store
+            .rebalance_shards("r", LEASE)
+            .await
+            .unwrap()
+            .owned
+            .len(),
+        256
+    );
+    let got = store
+        .claim(&ordered("r", 100, true, false, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        got.iter().map(|m| m.seq).collect::<Vec<_>>(),
+        [first + 4, first + 9],
+        "only aggregate 4 is whole"
+    );
+    for (offset, text) in [
+        (0, "column `headers` is not a JSON object (value \"[1]\")"),
+        (1, "column `headers` is not a JSON object"),
+        (2, "column `headers` is not a JSON object (value \"null\")"),
+        (3, "column `event_type` is empty"),
+    ] {
+        let seq = first + offset;
+        let n = B::count(
+            &db,
+            &format!(
+                "SELECT COUNT(*) AS n FROM outbox_events WHERE seq = {seq} \
+                 AND dead_at IS NOT NULL AND published_at IS NULL AND locked_by IS NULL"
+            ),
+        );
+        assert_eq!(n, 1, "row {seq} dead-lettered");
+        let error = B::count(
+            &db,
+            &format!(
+                "SELECT COUNT(*) AS n FROM outbox_events WHERE seq = {seq} \
+                 AND last_error LIKE '%{}%'",
+                text.replace('\'', "''")
+            ),
+        );
+        assert_eq!(error, 1, "row {seq}: last_error names {text}");
+    }
+    assert_eq!(
+        B::count(
+            &db,
+            &format!(
+                "SELECT COUNT(*) AS n FROM outbox_events WHERE seq BETWEEN {} AND {} \
+                 AND locked_by IS NULL AND attempts = 0 AND dead_at IS NULL",
+                first + 5,
+                first + 8
+            )
+        ),
+        4,
+        "the later events of the malformed rows' aggregates were given back"
+    );
+    assert!(
+        store
+            .claim(&ordered("r", 100, true, false, true))
+            .await
+            .unwrap()
+            .is_empty(),
+        "they wait behind their dead letters"
+    );
+}
+
 /// Instantiates the suite for one backend.
 #[macro_export]
 macro_rules! store_suite {
@@ -409,6 +612,14 @@ macro_rules! store_suite {
         #[tokio::test]
         async fn shards_rebalance() {
             s::shards_rebalance::<$backend>().await;
+        }
+        #[tokio::test]
+        async fn heartbeat_and_reap() {
+            s::heartbeat_and_reap::<$backend>().await;
+        }
+        #[tokio::test]
+        async fn malformed_rows_are_dead_lettered() {
+            s::malformed_rows_are_dead_lettered::<$backend>().await;
         }
         #[tokio::test]
         async fn cleanup_in_bounded_batches() {

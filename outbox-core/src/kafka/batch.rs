@@ -34,7 +34,7 @@ pub(crate) fn flag_order_breaks(batch: &[OutboxMessage], outcomes: &mut [Deliver
     let mut first_failure: HashMap<(&str, &str), (usize, bool)> = HashMap::new();
     for (i, msg) in batch.iter().enumerate() {
         match &outcomes[i] {
-            Delivery::Failed(_) => {
+            Delivery::Failed(_) | Delivery::Unavailable(_) => {
                 first_failure
                     .entry(msg.ordering_key())
                     .or_insert((i, false));
@@ -44,7 +44,7 @@ pub(crate) fn flag_order_breaks(batch: &[OutboxMessage], outcomes: &mut [Deliver
                     && !*flagged
                 {
                     *flagged = true;
-                    if let Delivery::Failed(reason) = &mut outcomes[*failed] {
+                    if let Some(reason) = outcomes[*failed].error_mut() {
                         reason.push_str(
                             "; a later event of this aggregate in the same batch was \
                              published, so this event may reach consumers out of order",
@@ -52,7 +52,7 @@ pub(crate) fn flag_order_breaks(batch: &[OutboxMessage], outcomes: &mut [Deliver
                     }
                 }
             }
-            Delivery::NotAttempted => {}
+            _ => {}
         }
     }
 }
@@ -115,6 +115,18 @@ mod tests {
                 Delivery::Published
             ]
         );
+    }
+
+    #[test]
+    fn an_outage_followed_by_a_publish_is_flagged_and_stays_an_outage() {
+        let batch = [msg("o", "1"), msg("o", "1")];
+        let mut outcomes = vec![
+            Delivery::Unavailable("timed out".into()),
+            Delivery::Published,
+        ];
+        flag_order_breaks(&batch, &mut outcomes);
+        assert!(outcomes[0].is_outage());
+        assert!(outcomes[0].error().unwrap().contains("later event"));
     }
 
     #[test]

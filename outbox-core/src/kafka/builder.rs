@@ -22,7 +22,7 @@ use crate::relay::OutboxMessage;
 pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Settings applied before the user's, in this order.
-const DEFAULTS: [(&str, &str); 6] = [
+const DEFAULTS: [(&str, &str); 7] = [
     ("enable.idempotence", "true"),
     ("acks", "all"),
     ("enable.gapless.guarantee", "true"),
@@ -31,6 +31,10 @@ const DEFAULTS: [(&str, &str); 6] = [
     // them (librdkafka's own default hashes with CRC32).
     ("partitioner", "murmur2_random"),
     ("client.id", "outbox-relay"),
+    // librdkafka's reconnect backoff grows to 10 s by default, so after a long broker outage
+    // delivery could resume up to 10 s after the broker returned; capped at 1 s, it resumes
+    // within about a second (a refused reconnect a second costs nothing).
+    ("reconnect.backoff.max.ms", "1000"),
 ];
 
 /// librdkafka's aliases, mapped to the names we check, so that an alias cannot be overridden
@@ -46,7 +50,9 @@ const ALIASES: [(&str, &str); 3] = [
 /// The producer is librdkafka's idempotent producer with `acks=all`; every other librdkafka
 /// producer setting passes through [`set`](Self::set). Defaults the publisher applies (each may
 /// be overridden): `enable.gapless.guarantee=true`, `message.timeout.ms=10000`,
-/// `partitioner=murmur2_random` (the Java client's), `client.id=outbox-relay`.
+/// `partitioner=murmur2_random` (the Java client's), `client.id=outbox-relay`,
+/// `reconnect.backoff.max.ms=1000` (so delivery resumes within about a second of a broker's
+/// return).
 ///
 /// ```
 /// use std::time::Duration;

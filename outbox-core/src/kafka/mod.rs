@@ -112,6 +112,7 @@
 
 mod batch;
 mod builder;
+mod classify;
 mod consumer;
 mod error;
 mod publisher;

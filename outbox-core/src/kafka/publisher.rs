@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::batch;
 use super::builder::{KafkaPublisherBuilder, create_producer};
+use super::classify;
 use super::record::{self, Router};
 use crate::relay::{Delivery, OutboxMessage, Publisher};
 
@@ -43,8 +44,9 @@ const FATAL_CHECK: Duration = Duration::from_millis(100);
 /// let outcomes = publisher.publish(&batch).await;
 /// assert_eq!(outcomes.len(), batch.len());
 /// for (msg, outcome) in batch.iter().zip(&outcomes) {
-///     if let Delivery::Failed(why) = outcome {
-///         eprintln!("event {} not published: {why}", msg.id);
+///     if let Some(why) = outcome.error() {
+///         let class = if outcome.is_outage() { "broker unavailable" } else { "refused" };
+///         eprintln!("event {} not published ({class}): {why}", msg.id);
 ///     }
 /// }
 /// # Ok(()) }
@@ -178,14 +180,15 @@ impl KafkaPublisher {
     fn outcome(&self, topic: &str, report: Option<<DeliveryFuture as Future>::Output>) -> Delivery {
         match report {
             Some(Ok(Ok(_))) => Delivery::Published,
-            Some(Ok(Err((e, _)))) => {
-                Delivery::Failed(format!("delivery to topic `{topic}` failed: {e}"))
-            }
-            Some(Err(_canceled)) => Delivery::Failed(format!(
+            Some(Ok(Err((e, _)))) => classify::delivery(
+                classify::class_of_error(&e),
+                format!("delivery to topic `{topic}` failed: {e}"),
+            ),
+            Some(Err(_canceled)) => Delivery::Unavailable(format!(
                 "delivery to topic `{topic}`: the producer closed before reporting; the outcome \
                  is unknown"
             )),
-            None => Delivery::Failed(format!(
+            None => Delivery::Unavailable(format!(
                 "delivery to topic `{topic}`: no report from librdkafka within \
                  message.timeout.ms ({:?}) + {REPORT_GRACE:?}; the outcome is unknown",
                 self.message_timeout
@@ -228,7 +231,7 @@ impl KafkaPublisher {
         topic: &str,
         msg: &OutboxMessage,
         deadline: Instant,
-    ) -> Result<DeliveryFuture, String> {
+    ) -> Result<DeliveryFuture, Delivery> {
         let mut record = FutureRecord::to(topic)
             .key(msg.aggregate_id.as_str())
             .payload(msg.payload.as_str())
@@ -242,7 +245,10 @@ impl KafkaPublisher {
                     record = back;
                     tokio::time::sleep(QUEUE_FULL_PAUSE).await;
                 }
-                Err((e, _)) => return Err(enqueue_error(&e, topic, msg, self.enqueue_budget())),
+                Err((e, _)) => {
+                    let reason = enqueue_error(&e, topic, msg, self.enqueue_budget());
+                    return Err(classify::delivery(classify::class_of_error(&e), reason));
+                }
             }
         }
     }
@@ -333,8 +339,8 @@ impl Publisher for KafkaPublisher {
             let topic = self.router.topic(msg);
             match self.enqueue(&producer, &topic, msg, enqueue_deadline).await {
                 Ok(delivery) => pending.push((i, topic, delivery)),
-                Err(reason) => {
-                    outcomes[i] = Some(Delivery::Failed(reason));
+                Err(failed) => {
+                    outcomes[i] = Some(failed);
                     blocked.insert(msg.ordering_key());
                 }
             }
@@ -348,12 +354,15 @@ impl Publisher for KafkaPublisher {
 
         let mut outcomes: Vec<Delivery> = outcomes
             .into_iter()
-            .map(|o| o.unwrap_or_else(|| Delivery::Failed("no outcome recorded".into())))
+            .map(|o| o.unwrap_or_else(|| Delivery::Unavailable("no outcome recorded".into())))
             .collect();
         batch::flag_order_breaks(batch, &mut outcomes);
         if let Some(fatal) = self.replace_if_fatal(generation, &producer) {
+            // The messages it did not deliver report `Fatal` or a purge, which the table
+            // classes as outages: the new producer publishes them again. A record refused for
+            // itself before (e.g. too large) stays poison.
             for outcome in &mut outcomes {
-                if let Delivery::Failed(reason) = outcome {
+                if let Some(reason) = outcome.error_mut() {
                     reason.push_str(&format!(
                         "; the producer stopped on a fatal error ({fatal}) and was replaced"
                     ));

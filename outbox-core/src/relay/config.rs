@@ -132,8 +132,18 @@ pub struct RelayConfig {
     pub dead_letters: DeadLetterPolicy,
     /// Deleting old published rows, if wanted.
     pub retention: Option<Retention>,
-    /// Backoff between attempts to reach a database or broker that went away.
+    /// Backoff between attempts to reach a database or broker that went away. Its `max`
+    /// bounds how long after the broker's return delivery resumes (default 2 s).
     pub outage_backoff: Backoff,
+    /// How often the relay heartbeats its health and looks for dead peers by their database
+    /// sessions (default every second; PostgreSQL and MySQL/MariaDB), so that a killed
+    /// relay's shards, leadership and claimed rows are taken over within about this long
+    /// instead of its lease. `None` turns session detection off: the relay records no
+    /// session and reaps nobody, and the lease is the only rule (use it behind a transaction
+    /// pooler such as PgBouncer in transaction mode, where a backend does not belong to one
+    /// relay). The relay heartbeats at least every third of its lease either way (more often
+    /// than `session_check` if the lease is that short).
+    pub session_check: Option<Duration>,
 }
 
 impl Default for RelayConfig {
@@ -150,12 +160,15 @@ impl Default for RelayConfig {
             completion: Completion::MarkPublished,
             dead_letters: DeadLetterPolicy::Block,
             retention: None,
+            // Capped at 2 s: after an outage, delivery resumes within about that long of the
+            // broker's (or database's) return, and a try every 2 s costs nothing.
             outage_backoff: Backoff {
                 initial: Duration::from_millis(100),
-                max: Duration::from_secs(10),
+                max: Duration::from_secs(2),
                 multiplier: 2.0,
                 jitter: 0.2,
             },
+            session_check: Some(Duration::from_secs(1)),
         }
     }
 }
@@ -187,6 +200,19 @@ impl RelayConfig {
         if self.poll_interval.is_zero() {
             return Err("poll_interval must be above zero".into());
         }
+        if let Some(every) = self.session_check
+            && every < Duration::from_millis(10)
+        {
+            return Err(format!(
+                "session_check ({every:?}) must be at least 10 ms (each check is a query)"
+            ));
+        }
+        if self.outage_backoff.max.is_zero() {
+            return Err(
+                "outage_backoff.max must be above zero (else an outage is retried in a busy loop)"
+                    .into(),
+            );
+        }
         if let Some(r) = &self.retention
             && r.batch == 0
         {
@@ -204,7 +230,7 @@ pub fn default_relay_id() -> String {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "relay".to_owned());
-    let mut rng = super::engine::SplitMix::seeded();
+    let mut rng = super::stats::SplitMix::seeded();
     format!(
         "{host}-{}-{:06x}",
         std::process::id(),

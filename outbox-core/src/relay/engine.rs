@@ -2,12 +2,13 @@
 
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::stats::{RelayStats, SplitMix};
 use super::{
     Claim, ClaimOrder, DeadLetterPolicy, Delivery, Failure, Mode, OutboxMessage, Publisher,
-    RelayConfig, RelayStore, StoreError,
+    RelayConfig, RelayHealth, RelayState, RelayStore, StoreError,
 };
 
 /// Runs a store call until it succeeds or `deadline` passes (then the rows go back to the
@@ -32,39 +33,6 @@ macro_rules! retry_until {
             }
         }
     }};
-}
-
-/// Counters of a running relay, shared with whoever holds [`Relay::stats`].
-#[derive(Debug, Default)]
-pub struct RelayStats {
-    /// Rows claimed.
-    pub claimed: AtomicU64,
-    /// Rows published and marked (or deleted).
-    pub published: AtomicU64,
-    /// Failed publishes recorded for retry.
-    pub retried: AtomicU64,
-    /// Rows dead-lettered.
-    pub dead_lettered: AtomicU64,
-    /// Rows given back unpublished (not attempted, or on shutdown).
-    pub released: AtomicU64,
-    /// Rows published whose lease had passed to another relay before they could be marked
-    /// (they will be published again: at-least-once).
-    pub fenced: AtomicU64,
-    /// Non-empty batches.
-    pub batches: AtomicU64,
-    /// Store errors (each followed by a backoff).
-    pub store_errors: AtomicU64,
-    /// Whether this relay currently owns work (leader mode: is the leader; sharded mode:
-    /// holds at least one shard; unordered: always).
-    pub active: AtomicBool,
-    /// Shards held (sharded mode).
-    pub shards: AtomicU64,
-}
-
-impl RelayStats {
-    fn add(counter: &AtomicU64, n: usize) {
-        counter.fetch_add(n as u64, Ordering::Relaxed);
-    }
 }
 
 /// A relay: claims batches from a [`RelayStore`], publishes them with a [`Publisher`]
@@ -92,6 +60,9 @@ pub struct Relay<S, P> {
     config: RelayConfig,
     stats: Arc<RelayStats>,
     rng: SplitMix,
+    /// The state last written by a heartbeat, and the last outage error.
+    reported: Option<RelayState>,
+    last_error: Option<String>,
 }
 
 impl<S: RelayStore, P: Publisher> Relay<S, P> {
@@ -105,6 +76,8 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             config,
             stats: Arc::default(),
             rng: SplitMix::seeded(),
+            reported: None,
+            last_error: None,
         })
     }
 
@@ -123,6 +96,9 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         let mut next_ownership = Instant::now();
         let mut active = self.config.mode == Mode::Unordered;
         let mut next_cleanup = Instant::now();
+        let mut next_liveness = Instant::now();
+        // Consecutive batches that met a broker outage (0: the broker is fine).
+        let mut broker_outage = 0u32;
         self.stats.active.store(active, Ordering::Relaxed);
         tracing::info!(relay = %self.config.relay_id, mode = ?self.config.mode, "relay started");
 
@@ -132,6 +108,20 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 biased;
                 _ = &mut shutdown => { stopping = true; continue; }
                 _ = std::future::ready(()) => {}
+            }
+
+            let state = if !active {
+                RelayState::Standby
+            } else if broker_outage > 0 {
+                RelayState::WaitingForBroker
+            } else {
+                RelayState::Running
+            };
+            if Instant::now() >= next_liveness || self.reported != Some(state) {
+                next_liveness = Instant::now() + self.liveness_every();
+                if self.liveness(state).await {
+                    next_ownership = Instant::now(); // a dead peer's work is free: take it now
+                }
             }
 
             if self.config.mode != Mode::Unordered && Instant::now() >= next_ownership {
@@ -200,6 +190,8 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             RelayStats::add(&self.stats.claimed, batch.len());
             RelayStats::add(&self.stats.batches, 1);
 
+            // A publish that does not finish in time has an unknown outcome: an outage, not
+            // the events' fault. They go back and are published again (at least once).
             let deliveries = match tokio::time::timeout(
                 self.config.publish_timeout,
                 self.publisher.publish(&batch),
@@ -208,14 +200,38 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             {
                 Ok(d) => d,
                 Err(_) => vec![
-                    Delivery::Failed(format!(
-                        "publish timed out after {:?}",
+                    Delivery::Unavailable(format!(
+                        "publish timed out after {:?}; the outcome is unknown",
                         self.config.publish_timeout
                     ));
                     batch.len()
                 ],
             };
-            self.settle(&batch, deliveries).await;
+            match self.settle(&batch, deliveries).await {
+                Some(error) => {
+                    // The broker is unavailable: the batch went back whole (order kept, no
+                    // attempt counted); wait with the outage backoff, capped so delivery
+                    // resumes soon after the broker returns.
+                    broker_outage = broker_outage.saturating_add(1);
+                    RelayStats::add(&self.stats.broker_waits, 1);
+                    let wait = self
+                        .config
+                        .outage_backoff
+                        .delay(broker_outage, self.rng.unit());
+                    tracing::warn!(error = %error, retry_in = ?wait, "broker unavailable; waiting for it");
+                    self.last_error = Some(error);
+                    if self.reported != Some(RelayState::WaitingForBroker) {
+                        self.liveness(RelayState::WaitingForBroker).await;
+                    }
+                    sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
+                }
+                None => {
+                    if broker_outage > 0 {
+                        tracing::info!(batches = broker_outage, "broker available again");
+                    }
+                    broker_outage = 0;
+                }
+            }
         }
 
         // Graceful shutdown: the batch in flight is settled; give up every lease.
@@ -230,6 +246,56 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         }
         self.stats.active.store(false, Ordering::Relaxed);
         tracing::info!(relay = %self.config.relay_id, "relay stopped");
+    }
+
+    /// How often to heartbeat (and look for dead peers): `session_check`, but at least every
+    /// third of the lease.
+    fn liveness_every(&self) -> Duration {
+        let third = self.config.lease / 3;
+        self.config
+            .session_check
+            .map_or(third, |every| every.min(third))
+    }
+
+    /// Heartbeats this relay's health and, with session detection on, reaps dead peers.
+    /// Returns whether a peer was reaped (its shards or leadership are free now). Errors are
+    /// logged only: a database outage shows up (and is waited out) at the next claim.
+    async fn liveness(&mut self, state: RelayState) -> bool {
+        let health = RelayHealth {
+            mode: self.config.mode,
+            state,
+            last_error: self.last_error.clone(),
+            track_session: self.config.session_check.is_some(),
+        };
+        let relay = self.config.relay_id.as_str();
+        match self
+            .store
+            .heartbeat(relay, self.config.lease, &health)
+            .await
+        {
+            Ok(()) => self.reported = Some(state),
+            Err(e) => {
+                RelayStats::add(&self.stats.store_errors, 1);
+                tracing::warn!(error = %e, "heartbeat failed");
+                return false;
+            }
+        }
+        if self.config.session_check.is_none() {
+            return false;
+        }
+        match self.store.reap_dead_relays(relay).await {
+            Ok(dead) if !dead.is_empty() => {
+                tracing::warn!(relay = %relay, reaped = ?dead, "replaced relays whose database session ended");
+                RelayStats::add(&self.stats.reaped, dead.len());
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                RelayStats::add(&self.stats.store_errors, 1);
+                tracing::warn!(error = %e, "looking for dead relays failed");
+                false
+            }
+        }
     }
 
     fn claim_order(&self) -> ClaimOrder {
@@ -287,27 +353,43 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
 
     /// Records each message's outcome. Store errors here are retried until the lease would
     /// have run out; after that the rows return to the pool by lease expiry (and published
-    /// ones are published again: at-least-once).
-    async fn settle(&mut self, batch: &[OutboxMessage], mut deliveries: Vec<Delivery>) {
+    /// ones are published again: at-least-once). Returns the first outage error if the broker
+    /// was unavailable for any message of the batch.
+    async fn settle(
+        &mut self,
+        batch: &[OutboxMessage],
+        mut deliveries: Vec<Delivery>,
+    ) -> Option<String> {
         if deliveries.len() != batch.len() {
             tracing::error!(
                 expected = batch.len(),
                 got = deliveries.len(),
                 "publisher broke its contract: wrong number of outcomes"
             );
+            // Not the events' fault: give them back without counting an attempt.
             deliveries.resize(
                 batch.len(),
-                Delivery::Failed("publisher returned no outcome for this message".into()),
+                Delivery::Unavailable("publisher returned no outcome for this message".into()),
             );
         }
         let mut published = Vec::new();
         let mut failures = Vec::new();
         let mut released = Vec::new();
+        let mut outage: Option<String> = None;
+        let mut unavailable = 0usize;
         let mut dead = 0usize;
         for (message, delivery) in batch.iter().zip(deliveries) {
             match delivery {
                 Delivery::Published => published.push(message.seq),
                 Delivery::NotAttempted => released.push(message.seq),
+                // An outage: the row goes back as it was (`attempts - 1`, available now). In
+                // the ordered modes the later events of its aggregate in this batch were not
+                // attempted (or were unavailable too) and go back with it, so order is kept.
+                Delivery::Unavailable(error) => {
+                    unavailable += 1;
+                    released.push(message.seq);
+                    outage.get_or_insert(error);
+                }
                 Delivery::Failed(error) => {
                     let attempt = u32::try_from(message.attempts).unwrap_or(1).max(1);
                     let retry_after = if attempt >= self.config.max_attempts {
@@ -364,6 +446,8 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         {
             RelayStats::add(&self.stats.released, n as usize);
         }
+        RelayStats::add(&self.stats.unavailable, unavailable);
+        outage
     }
 }
 
@@ -375,36 +459,5 @@ async fn sleep_or_stop(
     tokio::select! {
         _ = shutdown => *stopping = true,
         _ = tokio::time::sleep(wait) => {}
-    }
-}
-
-/// A small, fast, seedable generator for jitter (no dependency needed for that).
-#[derive(Debug, Clone)]
-pub(crate) struct SplitMix(u64);
-
-impl SplitMix {
-    pub(crate) fn seeded() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        SplitMix(
-            nanos ^ (u64::from(std::process::id()) << 32) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        )
-    }
-
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..1`.
-    pub(crate) fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 }

@@ -11,14 +11,18 @@
 
 mod config;
 mod engine;
+mod health;
 mod memory;
 mod publisher;
+mod stats;
 mod store;
 
 pub use config::{Backoff, DeadLetterPolicy, Mode, RelayConfig, Retention, default_relay_id};
-#[cfg(feature = "kafka")]
-pub(crate) use engine::SplitMix;
-pub use engine::{Relay, RelayStats};
+pub use engine::Relay;
+pub use health::{RelayHealth, RelayState};
 pub use memory::{MemoryBroker, MemoryStore, Record, message_headers, test_message};
 pub use publisher::{Delivery, OutboxMessage, Publisher};
+pub use stats::RelayStats;
+#[cfg(feature = "kafka")]
+pub(crate) use stats::SplitMix;
 pub use store::{Claim, ClaimOrder, Completion, Failure, RelayStore, ShardAssignment, StoreError};

@@ -47,16 +47,71 @@ impl OutboxMessage {
 }
 
 /// The outcome of publishing one message.
+///
+/// A failure says whose fault it is, because the relay treats the two very differently:
+/// [`Failed`](Delivery::Failed) is the message's own fault (poison: it counts an attempt and
+/// is dead-lettered after `max_attempts`), [`Unavailable`](Delivery::Unavailable) is the
+/// broker's or the network's (an outage: it never counts an attempt and never dead-letters;
+/// the relay gives the message back and backs off until the broker returns).
+///
+/// Two variants rather than one `Failed { error, class }`: a publisher must decide the class
+/// at the place it creates the failure, and matching on the variant keeps that decision
+/// visible in every `match`.
+///
+/// ```
+/// use outbox_core::relay::Delivery;
+/// let outage = Delivery::Unavailable("all brokers down".into());
+/// assert!(outage.is_outage());
+/// assert!(!Delivery::Failed("message too large".into()).is_outage());
+/// assert_eq!(outage.error(), Some("all brokers down"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Delivery {
     /// The broker acknowledged the message (for Kafka: written to all in-sync replicas).
     Published,
-    /// The message was not published; the error says why. The relay retries it with backoff
-    /// and dead-letters it after the configured number of attempts.
+    /// The broker refused the message for itself (too large, invalid or forbidden topic, a
+    /// corrupt record): poison. The relay retries it with backoff, counting attempts, and
+    /// dead-letters it after the configured number of attempts.
     Failed(String),
+    /// The message could not be published because the broker or the network is unavailable
+    /// (no broker reachable, a timeout, a leader election, a full local queue, throttling), or
+    /// its outcome is unknown (no delivery report in time): an outage, never the message's
+    /// fault. The relay gives it back without counting an attempt and publishes it again once
+    /// the broker returns; a message whose outcome was unknown may so be published twice
+    /// (at least once), never lost.
+    Unavailable(String),
     /// The message was not sent because an earlier message with the same ordering key in the
     /// same batch failed. The relay releases it without counting an attempt.
     NotAttempted,
+}
+
+impl Delivery {
+    /// Whether this is an outage ([`Delivery::Unavailable`]).
+    pub fn is_outage(&self) -> bool {
+        matches!(self, Delivery::Unavailable(_))
+    }
+
+    /// Whether the message was not published, for either reason.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Delivery::Failed(_) | Delivery::Unavailable(_))
+    }
+
+    /// The error of a failed or unavailable delivery.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            Delivery::Failed(e) | Delivery::Unavailable(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The error of a failed or unavailable delivery, to append to.
+    pub fn error_mut(&mut self) -> Option<&mut String> {
+        match self {
+            Delivery::Failed(e) | Delivery::Unavailable(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// A broker the relay publishes to: Kafka, the in-memory broker, or your own.
@@ -65,9 +120,14 @@ pub enum Delivery {
 /// - `publish` returns exactly one [`Delivery`] per message, in the batch's order.
 /// - Messages with the same [`ordering_key`](OutboxMessage::ordering_key) are delivered in batch
 ///   order, and once one of them fails, no later one of the same key in the batch may be
-///   delivered: report it [`Delivery::NotAttempted`] (or `Failed`). This is what lets the
-///   ordered relay modes promise that no event of an aggregate is published before an earlier
-///   one.
+///   delivered: report it [`Delivery::NotAttempted`] (or `Failed`/`Unavailable`). This is what
+///   lets the ordered relay modes promise that no event of an aggregate is published before an
+///   earlier one.
+/// - A failure is classified: [`Delivery::Failed`] only when the broker refused that message
+///   for itself (it costs an attempt and leads to a dead letter), [`Delivery::Unavailable`]
+///   whenever the broker or the network is at fault or the outcome is unknown (it costs
+///   nothing, and the relay waits for the broker). When unsure, say `Unavailable`: a healthy
+///   event dead-lettered breaks its aggregate's order, an outage only waits.
 /// - It returns once every message has an outcome; the relay bounds it with a timeout shorter
 ///   than its lease.
 /// - It never runs inside a database transaction: the relay calls it between two short,

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::OutboxMessage;
+use super::{OutboxMessage, RelayHealth};
 use crate::BoxError;
 
 /// How a claim picks rows.
@@ -161,6 +161,44 @@ pub trait RelayStore: Send + 'static {
     /// Gives up everything `relay` holds: shard leases, leadership, its heartbeat, and row
     /// leases (without counting an attempt). Called on graceful shutdown.
     fn release_all(&mut self, relay: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Records that `relay` is alive until now plus `lease`, with its health (mode, state,
+    /// since when, last outage error) and, when `health.track_session`, the identity of its
+    /// database session (PostgreSQL: `pg_backend_pid()` and that backend's start time;
+    /// MySQL/MariaDB: a session lock `GET_LOCK` held by its connection), so that
+    /// [`reap_dead_relays`](RelayStore::reap_dead_relays) can tell when it died. One row per
+    /// relay in `outbox_relays`; `outbox status` shows them.
+    ///
+    /// The relay calls it on its liveness cadence
+    /// ([`RelayConfig::session_check`](super::RelayConfig::session_check), else a third of
+    /// its lease) and whenever its state changes. The default does nothing.
+    fn heartbeat(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+        health: &RelayHealth,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (relay, lease, health);
+        async { Ok(()) }
+    }
+
+    /// Replaces dead peers: every relay (other than `relay`) whose recorded database session
+    /// no longer exists is reaped in one short transaction: its shard leases and leadership
+    /// are freed, its row leases expire (its claimed rows can be claimed at once; the attempt
+    /// they cost stays counted, as when a lease runs out), and its heartbeat row is deleted.
+    /// Returns the ids of the relays reaped, so the caller can take their work at once.
+    ///
+    /// Relays that recorded no session (session detection off, SQLite) are never reaped here:
+    /// for them the lease stays the rule. A relay that is alive but paused or partitioned
+    /// keeps its session, so it is not reaped, and is fenced as ever by its leases. The
+    /// default (a store with no view of sessions) reaps nothing.
+    fn reap_dead_relays(
+        &mut self,
+        relay: &str,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send {
+        let _ = relay;
+        async { Ok(Vec::new()) }
+    }
 
     /// Deletes up to `limit` rows published more than `older_than` ago; returns how many.
     fn cleanup(

@@ -1,7 +1,7 @@
 //! Pieces shared by the relay stores.
 
 use outbox_core::Headers;
-use outbox_core::relay::StoreError;
+use outbox_core::relay::{Failure, OutboxMessage, StoreError};
 
 /// A store that cannot connect, with what to do about it.
 pub type ConnectError = StoreError;
@@ -14,18 +14,126 @@ pub fn connect_error(backend: &str, e: impl std::fmt::Display) -> StoreError {
     )
 }
 
+/// A claimed row the relay cannot publish as it is: dead-lettered at once (never published
+/// with a field dropped or invented), with a `last_error` naming the column and its value.
+pub(crate) fn malformed(seq: i64, column: &str, value: &str, why: &str) -> Failure {
+    const SHOWN: usize = 120;
+    let shown: String = value.chars().take(SHOWN).collect();
+    let more = if value.chars().count() > SHOWN {
+        "…"
+    } else {
+        ""
+    };
+    Failure {
+        seq,
+        error: format!(
+            "malformed outbox row {seq}: column `{column}` {why} (value {shown:?}{more}); \
+             dead-lettered, not published"
+        ),
+        retry_after: None,
+    }
+}
+
 /// Headers as stored: a JSON object. Values that other programs wrote as non-strings are kept
-/// as their JSON text rather than dropped.
-pub(crate) fn parse_headers(json: &str) -> Headers {
-    match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(json) {
-        Ok(map) => map
+/// as their JSON text (nothing dropped); anything but an object (an array, a string, `null`,
+/// invalid JSON) makes the row malformed.
+pub(crate) fn parse_headers(seq: i64, json: &str) -> Result<Headers, Failure> {
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(serde_json::Value::Object(map)) => Ok(map
             .into_iter()
             .map(|(k, v)| match v {
                 serde_json::Value::String(s) => (k, s),
                 other => (k, other.to_string()),
             })
-            .collect(),
-        Err(_) => Headers::new(),
+            .collect()),
+        Ok(_) => Err(malformed(seq, "headers", json, "is not a JSON object")),
+        Err(e) => Err(malformed(
+            seq,
+            "headers",
+            json,
+            &format!("is not valid JSON ({e})"),
+        )),
+    }
+}
+
+/// A claimed row that cannot be published: its failure (a dead letter) and its ordering key.
+pub(crate) struct Malformed {
+    pub failure: Failure,
+    key: (String, String),
+}
+
+/// What a claim's rows come to: the messages to publish (in `seq` order), the malformed rows
+/// to dead-letter, and the rows to give back because an earlier row of their aggregate in
+/// the same claim is malformed (publishing them would skip it, breaking the aggregate's
+/// order; the next claim decides by the dead-letter policy).
+pub(crate) struct Sorted {
+    pub publish: Vec<OutboxMessage>,
+    pub malformed: Vec<Failure>,
+    pub held_back: Vec<i64>,
+}
+
+/// Dead-letters a claim's malformed rows and gives back the rows held behind them (both are
+/// leased to `relay` by the claim); returns the messages to publish.
+pub(crate) async fn settle_malformed<S: outbox_core::relay::RelayStore>(
+    store: &mut S,
+    relay: &str,
+    sorted: Sorted,
+) -> Result<Vec<OutboxMessage>, StoreError> {
+    if !sorted.malformed.is_empty() {
+        store.fail(relay, &sorted.malformed).await?;
+    }
+    if !sorted.held_back.is_empty() {
+        store.release(relay, &sorted.held_back).await?;
+    }
+    Ok(sorted.publish)
+}
+
+/// Sorts converted rows into [`Sorted`].
+pub(crate) fn split_malformed(
+    rows: impl IntoIterator<Item = Result<OutboxMessage, Malformed>>,
+) -> Sorted {
+    let mut rows: Vec<_> = rows.into_iter().collect();
+    rows.sort_unstable_by_key(|r| match r {
+        Ok(m) => m.seq,
+        Err(m) => m.failure.seq,
+    });
+    let mut out = Sorted {
+        publish: Vec::new(),
+        malformed: Vec::new(),
+        held_back: Vec::new(),
+    };
+    let mut bad_keys = std::collections::HashSet::new();
+    for row in rows {
+        match row {
+            Ok(m) if bad_keys.contains(&(m.aggregate_type.clone(), m.aggregate_id.clone())) => {
+                out.held_back.push(m.seq)
+            }
+            Ok(m) => out.publish.push(m),
+            Err(m) => {
+                let f = m.failure;
+                tracing::error!(seq = f.seq, error = %f.error, "malformed outbox row dead-lettered");
+                bad_keys.insert(m.key);
+                out.malformed.push(f);
+            }
+        }
+    }
+    out
+}
+
+/// How old a relay store's own connection must be before it reaps peers by their sessions.
+/// After a database restart every recorded session is gone at once, including those of
+/// relays that are alive and about to reconnect; waiting this long after connecting lets them
+/// record their new sessions first (they do so on connecting, and with every heartbeat, about
+/// every second).
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+pub(crate) const REAP_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A relay mode as stored in `outbox_relays.mode`.
+pub(crate) fn mode_name(mode: outbox_core::relay::Mode) -> &'static str {
+    match mode {
+        outbox_core::relay::Mode::Unordered => "unordered",
+        outbox_core::relay::Mode::Sharded => "sharded",
+        outbox_core::relay::Mode::Leader => "leader",
     }
 }
 
@@ -68,15 +176,11 @@ pub(crate) fn placeholders(n: usize) -> String {
     s
 }
 
-/// An event id stored as text (MySQL, SQLite). A malformed one is an error naming the row,
-/// not a silently invented id.
+/// An event id stored as text (MySQL, SQLite). A malformed one makes the row malformed,
+/// never a silently invented id.
 #[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
-pub(crate) fn parse_id(seq: i64, id: &str) -> diesel::QueryResult<uuid::Uuid> {
-    uuid::Uuid::parse_str(id).map_err(|e| {
-        diesel::result::Error::DeserializationError(
-            format!("outbox_events row {seq} has an invalid id {id:?}: {e}").into(),
-        )
-    })
+pub(crate) fn parse_id(seq: i64, id: &str) -> Result<uuid::Uuid, Failure> {
+    uuid::Uuid::parse_str(id).map_err(|e| malformed(seq, "id", id, &format!("is not a UUID ({e})")))
 }
 
 /// `ceil(SHARD_COUNT / live)`: each relay's fair share of shards.
@@ -113,26 +217,44 @@ pub(crate) struct ClaimedColumns {
 }
 
 impl ClaimedColumns {
-    /// The message, given the id and creation time the backend stored in its own types.
+    /// The message, given the id and creation time the backend stored in its own types; a
+    /// row that cannot be published as it is (empty aggregate type, aggregate id or event
+    /// type, headers not a JSON object, an invalid id) is a [`malformed`] failure instead.
     pub(crate) fn into_message(
         self,
-        id: uuid::Uuid,
+        id: Result<uuid::Uuid, Failure>,
         created_at: chrono::DateTime<chrono::Utc>,
-    ) -> outbox_core::relay::OutboxMessage {
-        outbox_core::relay::OutboxMessage {
-            seq: self.seq,
+    ) -> Result<OutboxMessage, Malformed> {
+        let key = (self.aggregate_type.clone(), self.aggregate_id.clone());
+        let bad = |failure| Malformed { failure, key };
+        let seq = self.seq;
+        for (column, value) in [
+            ("aggregate_type", &self.aggregate_type),
+            ("aggregate_id", &self.aggregate_id),
+            ("event_type", &self.event_type),
+        ] {
+            if value.is_empty() {
+                return Err(bad(malformed(seq, column, value, "is empty")));
+            }
+        }
+        let (id, headers) = match (id, parse_headers(seq, &self.headers)) {
+            (Ok(id), Ok(headers)) => (id, headers),
+            (Err(f), _) | (_, Err(f)) => return Err(bad(f)),
+        };
+        Ok(OutboxMessage {
+            seq,
             id,
             aggregate_type: self.aggregate_type,
             aggregate_id: self.aggregate_id,
             event_type: self.event_type,
             event_version: self.event_version,
-            headers: parse_headers(&self.headers),
+            headers,
             payload: self.payload,
             topic: self.topic,
             shard: self.shard,
             created_at,
             attempts: self.attempts,
-        }
+        })
     }
 }
 

@@ -13,8 +13,12 @@
 mod common;
 #[cfg(feature = "mysql_backend")]
 mod mysql;
+#[cfg(feature = "mysql_backend")]
+mod mysql_sessions;
 #[cfg(feature = "postgres_backend")]
 mod pg;
+#[cfg(feature = "postgres_backend")]
+mod pg_sessions;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -38,4 +42,6 @@ pub mod __sql {
         CLAIM_ORDERED as PG_CLAIM_ORDERED, CLAIM_UNORDERED as PG_CLAIM_UNORDERED,
         SESSION_SQL as PG_SESSION_SQL,
     };
+    #[cfg(feature = "postgres_backend")]
+    pub use super::pg_sessions::REAP as PG_REAP;
 }

@@ -9,13 +9,15 @@ use diesel::sql_types::{BigInt, Bool, Datetime, SmallInt, Text};
 use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, TransactionManager};
 use outbox_core::relay::{
-    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
+    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayStore,
+    ShardAssignment, StoreError,
 };
 
 use super::common::{
-    ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, ShardRow, connect_error, fair_share, micros,
-    parse_id, placeholders,
+    ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, Malformed, ShardRow, connect_error,
+    fair_share, micros, parse_id, placeholders, settle_malformed, split_malformed,
 };
+use super::mysql_sessions;
 
 /// Session settings of relay connections, one statement each.
 ///
@@ -127,10 +129,12 @@ const LEADER: &str = "SELECT holder FROM outbox_leader \
 
 const HEARTBEAT: &str = "INSERT INTO outbox_relays (relay_id, heartbeat_until) \
      VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-     ON DUPLICATE KEY UPDATE heartbeat_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND";
+     ON DUPLICATE KEY UPDATE heartbeat_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+         mode = 'sharded'";
 
-const LIVE_RELAYS: &str =
-    "SELECT COUNT(*) AS n FROM outbox_relays WHERE heartbeat_until > UTC_TIMESTAMP(6)";
+/// Only sharded relays share the shards (relays of every mode heartbeat in this table).
+const LIVE_RELAYS: &str = "SELECT COUNT(*) AS n FROM outbox_relays \
+     WHERE heartbeat_until > UTC_TIMESTAMP(6) AND mode = 'sharded'";
 
 const FORGET_DEAD_RELAYS: &str =
     "DELETE FROM outbox_relays WHERE heartbeat_until < UTC_TIMESTAMP(6) - INTERVAL 1 HOUR";
@@ -219,9 +223,9 @@ struct Row {
 }
 
 impl Row {
-    fn into_message(self) -> diesel::QueryResult<OutboxMessage> {
-        let id = parse_id(self.columns.seq, &self.id)?;
-        Ok(self.columns.into_message(id, self.created_at.and_utc()))
+    fn into_message(self) -> Result<OutboxMessage, Malformed> {
+        let id = parse_id(self.columns.seq, &self.id);
+        self.columns.into_message(id, self.created_at.and_utc())
     }
 }
 
@@ -334,6 +338,10 @@ fn truncate_error(error: &str) -> &str {
 pub struct MysqlRelayStore {
     url: String,
     conn: Option<AsyncMysqlConnection>,
+    /// When the current connection was made (reaping waits `REAP_GRACE` after it).
+    connected_at: Option<std::time::Instant>,
+    /// The relay whose session lock this store's connection holds.
+    session_of: Option<String>,
 }
 
 impl MysqlRelayStore {
@@ -343,6 +351,8 @@ impl MysqlRelayStore {
         MysqlRelayStore {
             url: url.into(),
             conn: None,
+            connected_at: None,
+            session_of: None,
         }
     }
 
@@ -372,6 +382,14 @@ impl MysqlRelayStore {
                     .await
                     .map_err(|e| StoreError::new("configure the session", e))?;
             }
+            if let Some(relay) = &self.session_of {
+                // A new connection: take the relay's session lock at once, before a peer
+                // takes the old connection's end for this relay's death.
+                mysql_sessions::take_lock(&mut conn, relay)
+                    .await
+                    .map_err(|e| StoreError::new("take the relay's session lock", e))?;
+            }
+            self.connected_at = Some(std::time::Instant::now());
             self.conn = Some(conn);
         }
         self.conn
@@ -411,7 +429,7 @@ impl IsDeadlock for ClaimError {
 async fn claim_in(
     conn: &mut AsyncMysqlConnection,
     claim: &Claim<'_>,
-) -> Result<Vec<OutboxMessage>, ClaimError> {
+) -> Result<Vec<Result<OutboxMessage, Malformed>>, ClaimError> {
     let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX);
     let (shards_only, leader_only) = match claim.order {
         ClaimOrder::Unordered => (false, false),
@@ -473,7 +491,7 @@ async fn claim_in(
             .load::<Row>(conn)
             .await?;
         for row in rows {
-            out.push(row.into_message()?);
+            out.push(row.into_message());
         }
     }
     Ok(out)
@@ -569,7 +587,10 @@ impl RelayStore for MysqlRelayStore {
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
         let conn = self.conn().await?;
         match in_transaction!(conn, async |conn| claim_in(conn, claim).await) {
-            Ok(rows) => Ok(rows),
+            Ok(rows) => {
+                let sorted = split_malformed(rows);
+                settle_malformed(self, claim.relay, sorted).await
+            }
             Err(ClaimError::Fenced) => {
                 tracing::warn!(
                     relay = claim.relay,
@@ -720,6 +741,31 @@ impl RelayStore for MysqlRelayStore {
             Ok::<_, diesel::result::Error>(())
         });
         self.check("release leases", r)
+    }
+
+    async fn heartbeat(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+        health: &RelayHealth,
+    ) -> Result<(), StoreError> {
+        self.session_of = health.track_session.then(|| relay.to_owned());
+        let conn = self.conn().await?;
+        let r = mysql_sessions::heartbeat(conn, relay, lease, health).await;
+        self.check("heartbeat", r)
+    }
+
+    async fn reap_dead_relays(&mut self, relay: &str) -> Result<Vec<String>, StoreError> {
+        self.conn().await?;
+        if self
+            .connected_at
+            .is_none_or(|at| at.elapsed() < mysql_sessions::REAP_GRACE)
+        {
+            return Ok(Vec::new());
+        }
+        let conn = self.conn().await?;
+        let r = mysql_sessions::reap(conn, relay).await;
+        self.check("reap dead relays", r)
     }
 
     async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {

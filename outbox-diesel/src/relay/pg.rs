@@ -7,11 +7,15 @@ use diesel::QueryableByName;
 use diesel::sql_types::{Array, BigInt, Bool, Double, SmallInt, Text, Timestamptz};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_core::relay::{
-    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
+    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayStore,
+    ShardAssignment, StoreError,
 };
 
+use super::pg_sessions;
+
 use super::common::{
-    ClaimedColumns, CountRow, HolderRow, ShardRow, connect_error, fair_share, secs,
+    ClaimedColumns, CountRow, HolderRow, Malformed, ShardRow, connect_error, fair_share, secs,
+    settle_malformed, split_malformed,
 };
 
 /// The channel writers notify and relays listen on.
@@ -108,11 +112,15 @@ const LEAD: &str = "INSERT INTO outbox_leader (name, holder, lease_until) \
      WHERE outbox_leader.holder = EXCLUDED.holder OR outbox_leader.lease_until < now() \
      RETURNING holder";
 
-const HEARTBEAT: &str = "INSERT INTO outbox_relays (relay_id, heartbeat_until) \
-     VALUES ($1, now() + make_interval(secs => $2)) \
-     ON CONFLICT (relay_id) DO UPDATE SET heartbeat_until = EXCLUDED.heartbeat_until";
+const HEARTBEAT: &str = "INSERT INTO outbox_relays (relay_id, heartbeat_until, mode) \
+     VALUES ($1, now() + make_interval(secs => $2), 'sharded') \
+     ON CONFLICT (relay_id) DO UPDATE SET heartbeat_until = EXCLUDED.heartbeat_until, \
+         mode = 'sharded'";
 
-const LIVE_RELAYS: &str = "SELECT COUNT(*) AS n FROM outbox_relays WHERE heartbeat_until > now()";
+/// Only sharded relays share the shards: relays of other modes heartbeat here too (for
+/// `outbox status` and session detection) but must not shrink the fair share.
+const LIVE_RELAYS: &str = "SELECT COUNT(*) AS n FROM outbox_relays \
+     WHERE heartbeat_until > now() AND mode = 'sharded'";
 
 const FORGET_DEAD_RELAYS: &str =
     "DELETE FROM outbox_relays WHERE heartbeat_until < now() - interval '1 hour'";
@@ -150,9 +158,9 @@ struct Row {
     created_at: DateTime<Utc>,
 }
 
-impl From<Row> for OutboxMessage {
-    fn from(r: Row) -> Self {
-        r.columns.into_message(r.id, r.created_at)
+impl Row {
+    fn into_message(self) -> Result<OutboxMessage, Malformed> {
+        self.columns.into_message(Ok(self.id), self.created_at)
     }
 }
 
@@ -173,6 +181,10 @@ pub struct PgRelayStore {
     listener: Option<AsyncPgConnection>,
     listen: bool,
     statement_timeout: Duration,
+    /// When the current connection was made (reaping waits `REAP_GRACE` after it).
+    connected_at: Option<std::time::Instant>,
+    /// The relay whose session this store records (set by `heartbeat` with session tracking).
+    session_of: Option<String>,
 }
 
 impl PgRelayStore {
@@ -184,6 +196,8 @@ impl PgRelayStore {
             listener: None,
             listen: true,
             statement_timeout: Duration::from_secs(10),
+            connected_at: None,
+            session_of: None,
         }
     }
 
@@ -221,6 +235,16 @@ impl PgRelayStore {
             conn.batch_execute(&timeout)
                 .await
                 .map_err(|e| StoreError::new("configure the session", e))?;
+            if let Some(relay) = &self.session_of {
+                // A new backend: say so at once, before a peer takes the old one's exit for
+                // this relay's death (see `pg_sessions`).
+                diesel::sql_query(pg_sessions::REREGISTER)
+                    .bind::<Text, _>(relay)
+                    .execute(&mut conn)
+                    .await
+                    .map_err(|e| StoreError::new("record the relay's session", e))?;
+            }
+            self.connected_at = Some(std::time::Instant::now());
             self.conn = Some(conn);
         }
         self.conn
@@ -267,14 +291,8 @@ impl RelayStore for PgRelayStore {
                     .await
             }
         };
-        let mut rows: Vec<OutboxMessage> = self
-            .check("claim", r)?
-            .into_iter()
-            .map(OutboxMessage::from)
-            .collect();
-        // RETURNING does not promise an order.
-        rows.sort_unstable_by_key(|m| m.seq);
-        Ok(rows)
+        let sorted = split_malformed(self.check("claim", r)?.into_iter().map(Row::into_message));
+        settle_malformed(self, claim.relay, sorted).await
     }
 
     async fn complete(
@@ -414,6 +432,31 @@ impl RelayStore for PgRelayStore {
         }
         .await;
         self.check("release leases", r)
+    }
+
+    async fn heartbeat(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+        health: &RelayHealth,
+    ) -> Result<(), StoreError> {
+        self.session_of = health.track_session.then(|| relay.to_owned());
+        let conn = self.conn().await?;
+        let r = pg_sessions::heartbeat(conn, relay, lease, health).await;
+        self.check("heartbeat", r)
+    }
+
+    async fn reap_dead_relays(&mut self, relay: &str) -> Result<Vec<String>, StoreError> {
+        self.conn().await?;
+        if self
+            .connected_at
+            .is_none_or(|at| at.elapsed() < pg_sessions::REAP_GRACE)
+        {
+            return Ok(Vec::new());
+        }
+        let conn = self.conn().await?;
+        let r = pg_sessions::reap(conn, relay).await;
+        self.check("reap dead relays", r)
     }
 
     async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {

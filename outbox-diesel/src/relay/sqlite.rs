@@ -4,18 +4,20 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{BigInt, Bool, Text, Timestamp};
+use diesel::sql_types::{BigInt, Bool, Nullable, Text, Timestamp};
 use diesel::sqlite::Sqlite;
 use diesel::{QueryableByName, RunQueryDsl, SqliteConnection};
 use diesel_async::AsyncConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use outbox_core::relay::{
-    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
+    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayStore,
+    ShardAssignment, StoreError,
 };
 
 use super::common::{
-    ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, MAX_INTERVAL, ShardRow, connect_error,
-    fair_share, parse_id, placeholders,
+    ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, MAX_INTERVAL, Malformed, ShardRow,
+    connect_error, fair_share, mode_name, parse_id, placeholders, settle_malformed,
+    split_malformed,
 };
 use crate::backend::sqlite_timestamp;
 
@@ -95,10 +97,25 @@ const LEAD: &str = "INSERT INTO outbox_leader (name, holder, lease_until) VALUES
 
 /// `?1` relay, `?2` heartbeat end.
 const HEARTBEAT: &str = "INSERT INTO outbox_relays (relay_id, heartbeat_until) VALUES (?1, ?2) \
-     ON CONFLICT (relay_id) DO UPDATE SET heartbeat_until = excluded.heartbeat_until";
+     ON CONFLICT (relay_id) DO UPDATE SET heartbeat_until = excluded.heartbeat_until, \
+         mode = 'sharded'";
 
 /// `?1` now.
-const LIVE_RELAYS: &str = "SELECT COUNT(*) AS n FROM outbox_relays WHERE heartbeat_until > ?1";
+const LIVE_RELAYS: &str = "SELECT COUNT(*) AS n FROM outbox_relays \
+     WHERE heartbeat_until > ?1 AND mode = 'sharded'";
+
+/// `?1` relay, `?2` heartbeat until, `?3` now, `?4` mode, `?5` state, `?6` last error. No
+/// session: SQLite runs in the relay's process, and its single relay is replaced only when
+/// its lease runs out.
+const HEALTH: &str = "INSERT INTO outbox_relays \
+     (relay_id, heartbeat_until, mode, state, state_since, last_error) \
+     VALUES (?1, ?2, ?4, ?5, ?3, ?6) \
+     ON CONFLICT (relay_id) DO UPDATE SET heartbeat_until = excluded.heartbeat_until, \
+         mode = excluded.mode, state = excluded.state, \
+         state_since = CASE WHEN outbox_relays.state = excluded.state \
+                             AND outbox_relays.state_since IS NOT NULL \
+                            THEN outbox_relays.state_since ELSE excluded.state_since END, \
+         last_error = excluded.last_error";
 
 /// `?1` an hour ago.
 const FORGET_DEAD_RELAYS: &str = "DELETE FROM outbox_relays WHERE heartbeat_until < ?1";
@@ -141,9 +158,9 @@ struct Row {
 }
 
 impl Row {
-    fn into_message(self) -> diesel::QueryResult<OutboxMessage> {
-        let id = parse_id(self.columns.seq, &self.id)?;
-        Ok(self.columns.into_message(id, self.created_at.and_utc()))
+    fn into_message(self) -> Result<OutboxMessage, Malformed> {
+        let id = parse_id(self.columns.seq, &self.id);
+        self.columns.into_message(id, self.created_at.and_utc())
     }
 }
 
@@ -185,7 +202,7 @@ fn claim_in(
     limit: i64,
     lease: Duration,
     order: ClaimOrder,
-) -> diesel::QueryResult<Vec<OutboxMessage>> {
+) -> diesel::QueryResult<Vec<Result<OutboxMessage, Malformed>>> {
     let now = Utc::now();
     let (at, until) = (sqlite_timestamp(now), after(now, lease));
     let rows = match order {
@@ -209,13 +226,7 @@ fn claim_in(
             .bind::<Bool, _>(dead_letters_block)
             .load::<Row>(conn)?,
     };
-    let mut out = rows
-        .into_iter()
-        .map(Row::into_message)
-        .collect::<diesel::QueryResult<Vec<_>>>()?;
-    // RETURNING does not promise an order.
-    out.sort_unstable_by_key(|m| m.seq);
-    Ok(out)
+    Ok(rows.into_iter().map(Row::into_message).collect())
 }
 
 fn rebalance_in(
@@ -401,11 +412,10 @@ impl RelayStore for SqliteRelayStore {
         let relay = claim.relay.to_owned();
         let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX);
         let (lease, order) = (claim.lease, claim.order);
-        // One statement; the transaction only lets a malformed row undo the claim.
-        self.run("claim", move |c| {
-            c.immediate_transaction(|c| claim_in(c, &relay, limit, lease, order))
-        })
-        .await
+        let rows = self
+            .run("claim", move |c| claim_in(c, &relay, limit, lease, order))
+            .await?;
+        settle_malformed(self, claim.relay, split_malformed(rows)).await
     }
 
     async fn complete(
@@ -500,6 +510,28 @@ impl RelayStore for SqliteRelayStore {
         let relay = relay.to_owned();
         self.run("rebalance shards", move |c| {
             c.immediate_transaction(|c| rebalance_in(c, &relay, lease))
+        })
+        .await
+    }
+
+    async fn heartbeat(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+        health: &RelayHealth,
+    ) -> Result<(), StoreError> {
+        let (relay, health) = (relay.to_owned(), health.clone());
+        self.run("heartbeat", move |c| {
+            let now = Utc::now();
+            diesel::sql_query(HEALTH)
+                .bind::<Text, _>(&relay)
+                .bind::<Text, _>(after(now, lease))
+                .bind::<Text, _>(sqlite_timestamp(now))
+                .bind::<Text, _>(mode_name(health.mode))
+                .bind::<Text, _>(health.state.as_str())
+                .bind::<Nullable<Text>, _>(health.last_error.as_deref())
+                .execute(c)
+                .map(|_| ())
         })
         .await
     }

@@ -1,176 +1,15 @@
-//! In-memory broker and store: for tests of your own code and of the relay's logic, and for
-//! the embedded quickstart. Never a stand-in for a real broker in production.
+//! The in-memory [`MemoryStore`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use uuid::Uuid;
-
-use super::{
-    Claim, ClaimOrder, Completion, Delivery, Failure, OutboxMessage, Publisher, RelayStore,
+use super::lock;
+use crate::relay::{
+    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayState, RelayStore,
     ShardAssignment, StoreError,
 };
-use crate::{
-    HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_TYPE, HEADER_EVENT_VERSION, HEADER_ID,
-    Headers, NewMessage, SHARD_COUNT,
-};
-
-/// A message as the in-memory broker stored it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Record {
-    /// The topic it was published to.
-    pub topic: String,
-    /// Its key (the aggregate id).
-    pub key: String,
-    /// The headers a Kafka message would carry (see [`message_headers`]).
-    pub headers: Vec<(String, String)>,
-    /// The payload, JSON text.
-    pub payload: String,
-    /// The event id.
-    pub id: Uuid,
-    /// Position in the topic, from 0.
-    pub offset: u64,
-}
-
-impl Record {
-    /// The value of header `name`, if present.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// The headers every publisher sends with a message: `id`, `event_type`, `event_version`,
-/// `aggregate_type`, `created_at` (RFC 3339, UTC, microseconds), then the event's own
-/// headers (e.g. `traceparent`).
-pub fn message_headers(m: &OutboxMessage) -> Vec<(String, String)> {
-    let mut h = vec![
-        (HEADER_ID.to_owned(), m.id.hyphenated().to_string()),
-        (HEADER_EVENT_TYPE.to_owned(), m.event_type.clone()),
-        (HEADER_EVENT_VERSION.to_owned(), m.event_version.to_string()),
-        (HEADER_AGGREGATE_TYPE.to_owned(), m.aggregate_type.clone()),
-        (
-            HEADER_CREATED_AT.to_owned(),
-            m.created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        ),
-    ];
-    h.extend(m.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
-    h
-}
-
-type FaultFn = dyn Fn(&OutboxMessage) -> Option<String> + Send + Sync;
-
-/// A broker in memory, implementing [`Publisher`] with the same contract as Kafka's.
-///
-/// Faults can be injected: [`set_available`](MemoryBroker::set_available) takes it down and
-/// [`fail_when`](MemoryBroker::fail_when) fails chosen messages.
-#[derive(Default)]
-pub struct MemoryBroker {
-    topics: Mutex<BTreeMap<String, Vec<Record>>>,
-    down: std::sync::atomic::AtomicBool,
-    fault: Mutex<Option<Box<FaultFn>>>,
-}
-
-impl std::fmt::Debug for MemoryBroker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryBroker")
-            .field("topics", &self.topics)
-            .finish_non_exhaustive()
-    }
-}
-
-impl MemoryBroker {
-    /// An empty broker.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Takes the broker down (`false`: every publish fails) or brings it back.
-    pub fn set_available(&self, available: bool) {
-        self.down
-            .store(!available, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Fails every message for which `f` returns an error, until replaced or cleared
-    /// (`clear_faults`).
-    pub fn fail_when(&self, f: impl Fn(&OutboxMessage) -> Option<String> + Send + Sync + 'static) {
-        *lock(&self.fault) = Some(Box::new(f));
-    }
-
-    /// Removes the fault set by [`fail_when`](MemoryBroker::fail_when).
-    pub fn clear_faults(&self) {
-        *lock(&self.fault) = None;
-    }
-
-    /// The records of `topic`, in offset order.
-    pub fn records(&self, topic: &str) -> Vec<Record> {
-        lock(&self.topics).get(topic).cloned().unwrap_or_default()
-    }
-
-    /// Every record of every topic, topics in name order.
-    pub fn all_records(&self) -> Vec<Record> {
-        lock(&self.topics).values().flatten().cloned().collect()
-    }
-}
-
-impl Publisher for MemoryBroker {
-    async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Delivery> {
-        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
-            return vec![Delivery::Failed("broker unavailable".into()); batch.len()];
-        }
-        let fault = lock(&self.fault);
-        let mut topics = lock(&self.topics);
-        let mut failed_keys: HashSet<(&str, &str)> = HashSet::new();
-        batch
-            .iter()
-            .map(|m| {
-                if failed_keys.contains(&m.ordering_key()) {
-                    return Delivery::NotAttempted;
-                }
-                if let Some(error) = fault.as_ref().and_then(|f| f(m)) {
-                    failed_keys.insert(m.ordering_key());
-                    return Delivery::Failed(error);
-                }
-                let records = topics.entry(m.topic().to_owned()).or_default();
-                records.push(Record {
-                    topic: m.topic().to_owned(),
-                    key: m.aggregate_id.clone(),
-                    headers: message_headers(m),
-                    payload: m.payload.clone(),
-                    id: m.id,
-                    offset: records.len() as u64,
-                });
-                Delivery::Published
-            })
-            .collect()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock leaves consistent data here; carry on.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A message for examples and tests: aggregate, id and event type, payload `{}`.
-#[doc(hidden)]
-pub fn test_message(aggregate_type: &str, aggregate_id: &str, event_type: &str) -> NewMessage {
-    NewMessage {
-        id: Uuid::now_v7(),
-        aggregate_type: aggregate_type.to_owned().into(),
-        aggregate_id: aggregate_id.to_owned(),
-        event_type: event_type.to_owned().into(),
-        event_version: 1,
-        payload: "{}".to_owned(),
-        headers: Headers::new(),
-        topic: None,
-        shard: crate::shard_of(aggregate_type, aggregate_id),
-        created_at: crate::now_micros(),
-    }
-}
+use crate::{NewMessage, SHARD_COUNT};
 
 #[derive(Debug, Clone)]
 struct Row {
@@ -191,7 +30,16 @@ struct State {
     leader: Option<(String, Instant)>,
     shards: HashMap<i16, (String, Instant)>,
     relays: HashMap<String, Instant>,
+    health: HashMap<String, HealthRow>,
     fail_next: usize,
+}
+
+/// A relay's heartbeat row.
+#[derive(Debug, Clone)]
+struct HealthRow {
+    health: RelayHealth,
+    /// `Some(alive)` when the relay tracks its session.
+    session: Option<bool>,
 }
 
 /// An outbox in memory implementing [`RelayStore`] with the same semantics as the SQL
@@ -249,6 +97,26 @@ impl MemoryStore {
             .values()
             .filter(|r| r.published.is_none() && !r.dead)
             .count()
+    }
+
+    /// The state and last outage error `relay` last reported with
+    /// [`heartbeat`](RelayStore::heartbeat), if it has a heartbeat row.
+    pub fn relay_health(&self, relay: &str) -> Option<(RelayState, Option<String>)> {
+        lock(&self.state)
+            .health
+            .get(relay)
+            .map(|h| (h.health.state, h.health.last_error.clone()))
+    }
+
+    /// Ends `relay`'s database session, as the database sees it when the relay's process dies
+    /// (its connection closes): [`reap_dead_relays`](RelayStore::reap_dead_relays) then
+    /// replaces it, if it tracked its session. A later heartbeat opens a new session.
+    pub fn end_session(&self, relay: &str) {
+        if let Some(h) = lock(&self.state).health.get_mut(relay)
+            && h.session.is_some()
+        {
+            h.session = Some(false);
+        }
     }
 
     /// Makes the next `n` store calls fail, as if the database were unreachable.
@@ -502,6 +370,7 @@ impl RelayStore for MemoryStore {
         let mut s = self.enter("release leases")?;
         s.shards.retain(|_, (o, _)| o != relay);
         s.relays.remove(relay);
+        s.health.remove(relay);
         if matches!(&s.leader, Some((h, _)) if h == relay) {
             s.leader = None;
         }
@@ -513,6 +382,52 @@ impl RelayStore for MemoryStore {
             }
         }
         Ok(())
+    }
+
+    async fn heartbeat(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+        health: &RelayHealth,
+    ) -> Result<(), StoreError> {
+        let mut s = self.enter("heartbeat")?;
+        if health.mode == super::super::Mode::Sharded {
+            s.relays.insert(relay.to_owned(), Instant::now() + lease);
+        }
+        s.health.insert(
+            relay.to_owned(),
+            HealthRow {
+                health: health.clone(),
+                session: health.track_session.then_some(true),
+            },
+        );
+        Ok(())
+    }
+
+    async fn reap_dead_relays(&mut self, relay: &str) -> Result<Vec<String>, StoreError> {
+        let mut s = self.enter("reap dead relays")?;
+        let dead: Vec<String> = s
+            .health
+            .iter()
+            .filter(|(id, h)| id.as_str() != relay && h.session == Some(false))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let now = Instant::now();
+        for id in &dead {
+            s.health.remove(id);
+            s.relays.remove(id);
+            s.shards.retain(|_, (owner, _)| owner != id);
+            if matches!(&s.leader, Some((h, _)) if h == id) {
+                s.leader = None;
+            }
+            // Expire the row leases; the attempt stays counted, as when a lease runs out.
+            for r in s.rows.values_mut() {
+                if r.locked_by.as_deref() == Some(id.as_str()) {
+                    r.locked_until = Some(now);
+                }
+            }
+        }
+        Ok(dead)
     }
 
     async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {

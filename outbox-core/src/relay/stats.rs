@@ -1,0 +1,74 @@
+//! A relay's counters ([`RelayStats`]) and the jitter generator.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Counters of a running relay, shared with whoever holds [`Relay::stats`].
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    /// Rows claimed.
+    pub claimed: AtomicU64,
+    /// Rows published and marked (or deleted).
+    pub published: AtomicU64,
+    /// Failed publishes recorded for retry.
+    pub retried: AtomicU64,
+    /// Rows dead-lettered.
+    pub dead_lettered: AtomicU64,
+    /// Rows given back unpublished (not attempted, the broker unavailable, or on shutdown).
+    pub released: AtomicU64,
+    /// Rows the broker could not take because it was unavailable (an outage: given back
+    /// without counting an attempt).
+    pub unavailable: AtomicU64,
+    /// Batches after which the relay waited for the broker (outage backoff).
+    pub broker_waits: AtomicU64,
+    /// Dead peers this relay reaped (their database session was gone).
+    pub reaped: AtomicU64,
+    /// Rows published whose lease had passed to another relay before they could be marked
+    /// (they will be published again: at-least-once).
+    pub fenced: AtomicU64,
+    /// Non-empty batches.
+    pub batches: AtomicU64,
+    /// Store errors (a failed claim or settlement is followed by a backoff).
+    pub store_errors: AtomicU64,
+    /// Whether this relay currently owns work (leader mode: is the leader; sharded mode:
+    /// holds at least one shard; unordered: always).
+    pub active: AtomicBool,
+    /// Shards held (sharded mode).
+    pub shards: AtomicU64,
+}
+
+impl RelayStats {
+    pub(crate) fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// A small, fast, seedable generator for jitter (no dependency needed for that).
+#[derive(Debug, Clone)]
+pub(crate) struct SplitMix(u64);
+
+impl SplitMix {
+    pub(crate) fn seeded() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        SplitMix(
+            nanos ^ (u64::from(std::process::id()) << 32) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        )
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..1`.
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
