@@ -10,6 +10,8 @@
 //! `postgres://` or `postgresql://`, `mysql://`, and anything else is an SQLite file path
 //! (optionally `sqlite://path`).
 
+mod inputs;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -57,8 +59,9 @@ struct RelayArgs {
     /// Kafka bootstrap servers, `host:port[,host:port…]`.
     #[arg(long, env = "KAFKA_BROKERS")]
     brokers: String,
-    /// How relays share the work: `unordered`, `sharded` or `leader`.
-    #[arg(long, env = "OUTBOX_MODE", default_value = "unordered")]
+    /// How relays share the work: `sharded` (per-aggregate order, the default), `leader`
+    /// (one active relay, ordered) or `unordered` (no order, opt-out).
+    #[arg(long, env = "OUTBOX_MODE", default_value = "sharded")]
     mode: Mode,
     /// Events per claim.
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 500)]
@@ -262,6 +265,11 @@ async fn check_migrated(url: &str) -> Result<(), Fatal> {
 
 async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     let (backend, url) = backend_of(&args.database_url)?;
+    inputs::check_relay_args(&args)?;
+    let retention_keep = match args.retention_hours {
+        Some(h) => Some(Duration::from_secs(inputs::retention_secs(h)?)),
+        None => None,
+    };
     let mut builder = KafkaPublisher::builder()
         .brokers(args.brokers.clone())
         .message_timeout(Duration::from_millis(args.message_timeout));
@@ -308,8 +316,8 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
         } else {
             DeadLetterPolicy::Block
         },
-        retention: args.retention_hours.map(|h| Retention {
-            keep: Duration::from_secs(h * 3600),
+        retention: retention_keep.map(|keep| Retention {
+            keep,
             batch: 1_000,
             every: Duration::from_secs(60),
         }),

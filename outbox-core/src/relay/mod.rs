@@ -15,7 +15,10 @@ mod memory;
 mod publisher;
 mod store;
 
-pub use config::{Backoff, DeadLetterPolicy, Mode, RelayConfig, Retention, default_relay_id};
+pub use config::{
+    Backoff, DeadLetterPolicy, MAX_LEASE, MAX_POLL_INTERVAL, MAX_RETENTION, Mode, RelayConfig,
+    Retention, default_relay_id,
+};
 #[cfg(feature = "kafka")]
 pub(crate) use engine::SplitMix;
 pub use engine::{Relay, RelayStats};
