@@ -39,16 +39,22 @@ macro_rules! embed {
 pub(crate) const POSTGRES: &[Migration] = embed!("postgres":
     "20261129000001" _ "create_outbox",
     "20261129000002" _ "relay_leases",
+    "20261130000004" _ "row_checks",
+    "20261130000005" _ "insert_defaults",
 );
 #[cfg(feature = "mysql_backend")]
 pub(crate) const MYSQL: &[Migration] = embed!("mysql":
     "20261129000001" _ "create_outbox",
     "20261129000002" _ "relay_leases",
+    "20261130000004" _ "row_checks",
+    "20261130000005" _ "insert_defaults",
 );
 #[cfg(feature = "sqlite")]
 pub(crate) const SQLITE: &[Migration] = embed!("sqlite":
     "20261129000001" _ "create_outbox",
     "20261129000002" _ "relay_leases",
+    "20261130000004" _ "row_checks",
+    "20261130000005" _ "insert_defaults",
 );
 
 /// A row of `__diesel_schema_migrations`. Public only because the runner's bounds name it.
@@ -96,7 +102,7 @@ pub fn list<DB: OutboxBackend>() -> &'static [Migration] {
 /// use diesel::prelude::*;
 /// let mut conn = SqliteConnection::establish(":memory:")?;
 /// let applied = outbox_diesel::migrations::run(&mut conn)?;
-/// assert_eq!(applied, ["20261129000001", "20261129000002"]);
+/// assert_eq!(applied[..2], ["20261129000001", "20261129000002"]);
 /// assert!(outbox_diesel::migrations::run(&mut conn)?.is_empty()); // idempotent
 /// # Ok(())
 /// # }
@@ -117,7 +123,7 @@ where
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use diesel_async::{AsyncConnection, sync_connection_wrapper::SyncConnectionWrapper};
 /// let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await?;
-/// assert_eq!(outbox_diesel::migrations::run_async(&mut conn).await?.len(), 2);
+/// assert_eq!(outbox_diesel::migrations::run_async(&mut conn).await?.len(), 4);
 /// # Ok(())
 /// # }
 /// ```

@@ -10,6 +10,7 @@
 //! `postgres://` or `postgresql://`, `mysql://`, and anything else is an SQLite file path
 //! (optionally `sqlite://path`).
 
+#[path = "outbox/inputs.rs"]
 mod inputs;
 
 use std::process::ExitCode;
