@@ -256,6 +256,10 @@ where
 const FOREIGN_INSERT: &str = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, event_version, payload) \
      VALUES ('order', '42', 'OrderPlaced', 1, '{\"total_cents\": 1250}')";
 
+/// The same as `INSERT ... SELECT` (MariaDB checks omitted columns earlier for this form).
+const FOREIGN_INSERT_SELECT: &str = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, event_version, payload) \
+     SELECT 'order', '42', 'OrderPlaced', 1, '{}'";
+
 fn foreign_row_is_completed<C>(conn: &mut C, select: &str)
 where
     C: diesel::connection::LoadConnection<Backend: 'static>,
@@ -263,7 +267,9 @@ where
     diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
 {
     diesel::sql_query(FOREIGN_INSERT).execute(conn).unwrap();
-    diesel::sql_query(FOREIGN_INSERT).execute(conn).unwrap();
+    diesel::sql_query(FOREIGN_INSERT_SELECT)
+        .execute(conn)
+        .unwrap();
     let rows: Vec<Row> = diesel::sql_query(select).load(conn).unwrap();
     assert_eq!(rows.len(), 2);
     for r in &rows {
