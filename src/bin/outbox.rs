@@ -288,7 +288,7 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     let lease = Duration::from_millis(args.lease);
     if publish_timeout >= lease {
         return Err(Fatal(format!(
-            "--lease ({} ms) must be longer than a publish can take ({} ms with --message-timeout {} ms): raise --lease or lower --message-timeout",
+            "--lease / OUTBOX_LEASE_MS ({} ms) must be longer than a publish can take ({} ms with --message-timeout / OUTBOX_MESSAGE_TIMEOUT_MS {} ms): raise --lease or lower --message-timeout",
             args.lease,
             publish_timeout.as_millis(),
             args.message_timeout
