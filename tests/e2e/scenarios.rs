@@ -338,6 +338,8 @@ fn leader_fails_over_to_a_standby() {
         }
     }
     crate::holds::assert_one_at_a_time(&batches);
+    let held: i64 = batches.iter().map(|b| b.rows).sum();
+    assert!(held >= 5000, "every row was claimed and recorded: {held}");
     let holders: HashSet<&str> = batches.iter().map(|b| b.relay.as_str()).collect();
     assert_eq!(
         holders,

@@ -315,9 +315,11 @@ mod tests {
         assert_eq!(RelayConfig::default().mode, Mode::Sharded);
     }
 
+    type Change = Box<dyn FnOnce(&mut RelayConfig)>;
+
     #[test]
     fn every_setting_out_of_range_is_named() {
-        let cases: Vec<(&str, Box<dyn FnOnce(&mut RelayConfig)>)> = vec![
+        let cases: Vec<(&str, Change)> = vec![
             (
                 "lease",
                 Box::new(|c| c.lease = Duration::from_secs(75 * 86_400)),
