@@ -15,7 +15,8 @@ pub trait OutboxConnection: Connection<Backend: OutboxBackend> {
     /// `f` gets an [`OutboxTx`]: run Diesel queries on [`tx.conn()`](OutboxTx::conn) and
     /// publish events with [`tx.publish(&event)`](OutboxTx::publish). If `f` returns `Ok`, the
     /// events are written with one multi-row `INSERT` and the transaction commits: the business
-    /// rows and the events are stored together. If `f` returns `Err`, or the `INSERT` fails,
+    /// rows and the events are stored together, in the order they were published (a nested
+    /// write first writes the events published before it; see [`OutboxTx`]). If `f` returns `Err`, or the `INSERT` fails,
     /// the transaction is rolled back: neither is stored, and the error is returned.
     ///
     /// Like [`Connection::transaction`], on which it is built: called inside another
