@@ -97,7 +97,7 @@ pub use outbox_core::{
 };
 
 pub use outbox_diesel::{
-    INBOX_TABLE, OUTBOX_TABLE, OutboxBackend, OutboxConnection, OutboxTx, publish,
+    INBOX_TABLE, OUTBOX_TABLE, OutboxBackend, OutboxConnection, OutboxTx, PendingEvents, publish,
     publish_with_headers,
 };
 
