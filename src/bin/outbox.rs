@@ -283,7 +283,14 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
         };
         builder = builder.set(k.trim(), v.trim());
     }
-    let publisher = builder.build()?;
+    let publisher = builder.build().map_err(|e| match e {
+        // Only reachable through `--kafka-config bootstrap.servers=`: name the flags.
+        outbox::kafka::KafkaConfigError::MissingBrokers => Fatal(
+            "no Kafka brokers: --brokers / KAFKA_BROKERS is overridden by an empty --kafka-config bootstrap.servers"
+                .into(),
+        ),
+        e => Fatal(format!("{e} (check --kafka-config)")),
+    })?;
     let publish_timeout = publisher.publish_timeout();
     let lease = Duration::from_millis(args.lease);
     if publish_timeout >= lease {

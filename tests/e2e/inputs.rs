@@ -176,6 +176,18 @@ fn empty_brokers_name_the_flag_and_variable() {
         expected,
     );
     assert_refused(&["--database-url", db, "--brokers", " "], &[], expected);
+    assert_refused(
+        &[
+            "--database-url",
+            db,
+            "--brokers",
+            "127.0.0.1:9092",
+            "--kafka-config",
+            "bootstrap.servers=",
+        ],
+        &[],
+        "no Kafka brokers: --brokers / KAFKA_BROKERS is overridden by an empty --kafka-config bootstrap.servers",
+    );
 }
 
 /// The overflowing retention once deleted a published row two hours old: now the relay does
