@@ -91,6 +91,8 @@
 //! - `cli`: the `outbox` binary: `outbox migrate`, `outbox relay`, `outbox status`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[doc(hidden)]
+pub use outbox_core::SHARD_TEST_VECTORS;
 pub use outbox_core::{
     AggregateKey, BoxError, DecodeError, Envelope, Error, EventType, HEADER_AGGREGATE_TYPE,
     HEADER_CREATED_AT, HEADER_EVENT_TYPE, HEADER_EVENT_VERSION, HEADER_ID, Headers, NewMessage,
@@ -98,7 +100,7 @@ pub use outbox_core::{
 };
 
 pub use outbox_diesel::{
-    INBOX_TABLE, OUTBOX_TABLE, OutboxBackend, OutboxConnection, OutboxTx, publish,
+    INBOX_TABLE, OUTBOX_TABLE, OutboxBackend, OutboxConnection, OutboxTx, PendingEvents, publish,
     publish_with_headers,
 };
 

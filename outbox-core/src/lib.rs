@@ -33,6 +33,8 @@ pub use error::{BoxError, Error};
 pub use event::{AggregateKey, EventType, OutboxEvent};
 pub use message::{Headers, NewMessage, now_micros};
 pub use outcome::Outcome;
+#[doc(hidden)]
+pub use shard::SHARD_TEST_VECTORS;
 pub use shard::{SHARD_COUNT, shard_of};
 
 /// `#[derive(OutboxEvent)]`: see the `outbox` crate for its documentation.

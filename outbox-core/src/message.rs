@@ -44,7 +44,8 @@ impl NewMessage {
     /// Serialises `event` into a new message with a fresh UUIDv7 id.
     ///
     /// Fails with [`Error::Serialize`] (naming the event type) if serde fails, and with
-    /// [`Error::InvalidEvent`] if the aggregate id is empty or the version does not fit.
+    /// [`Error::InvalidEvent`] if the event type, aggregate type or aggregate id is empty or the
+    /// version does not fit.
     ///
     /// ```
     /// # use outbox_core as outbox;
@@ -65,10 +66,21 @@ impl NewMessage {
             .map_err(|source| Error::Serialize { event_type, source })?;
         let aggregate_type = event.aggregate_type();
         let aggregate_id = event.aggregate_id();
-        if aggregate_id.is_empty() {
+        // The same rules as the table's CHECK constraints (migration `row_checks`): refused
+        // here first, with the event's name, rather than by the database at commit.
+        let empty = if event_type.is_empty() {
+            Some("the event type is empty")
+        } else if aggregate_type.is_empty() {
+            Some("the aggregate type is empty")
+        } else if aggregate_id.is_empty() {
+            Some("the aggregate id is empty")
+        } else {
+            None
+        };
+        if let Some(reason) = empty {
             return Err(Error::InvalidEvent {
                 event_type: event_type.to_owned(),
-                reason: "the aggregate id is empty".to_owned(),
+                reason: reason.to_owned(),
             });
         }
         let event_version = match i32::try_from(event.event_version()) {

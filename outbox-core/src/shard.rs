@@ -37,6 +37,29 @@ pub fn shard_of(aggregate_type: &str, aggregate_id: &str) -> i16 {
     (hash % u32::from(SHARD_COUNT)) as i16
 }
 
+/// `(aggregate_type, aggregate_id, shard)` triples that pin [`shard_of`], computed
+/// independently (Python). The SQL functions `outbox_shard_of` of the PostgreSQL and MySQL
+/// migrations are tested against the same list: empty parts, the separator, non-ASCII text
+/// (bytes above 0x7F), quotes and backslashes, and the longest id a MySQL column holds.
+#[doc(hidden)]
+pub const SHARD_TEST_VECTORS: &[(&str, &str, i16)] = &[
+    ("", "", 78),
+    ("order", "1", 171),
+    ("order", "42", 98),
+    ("order", "0190f1c2-7b5e-7c3a-8d2e-3f4a5b6c7d8e", 32),
+    ("ab", "c", 228),
+    ("a", "bc", 118),
+    ("Bestellung", "Straße-7", 158),
+    ("注文", "顧客-😀", 244),
+    ("order", "", 184),
+    ("", "order", 198),
+    ("customer", LONG_ID, 158),
+    ("o'rder", "a\\b\"c", 67),
+];
+
+/// 255 × `x`: the longest aggregate id of the MySQL schema.
+const LONG_ID: &str = "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,6 +77,11 @@ mod tests {
             32
         );
         assert_ne!(fnv("ab", "c"), fnv("a", "bc"));
+        assert_eq!(LONG_ID.len(), 255);
+        for &(t, id, shard) in SHARD_TEST_VECTORS {
+            assert_eq!(shard_of(t, id), shard, "shard_of({t:?}, {id:?})");
+            assert_eq!((fnv(t, id) % 256) as i16, shard, "fnv({t:?}, {id:?})");
+        }
     }
 
     fn fnv(t: &str, id: &str) -> u32 {

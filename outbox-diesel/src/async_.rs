@@ -100,22 +100,33 @@ where
         async move {
             // The same steps as diesel-async's `TransactionManager::transaction`, with the
             // events written between the closure and the commit.
+            // Events the enclosing transactions published so far are written before this
+            // one opens its savepoint, so they come first (see `crate::order`).
+            crate::order::flush_enclosing_async(&mut *self).await?;
             C::TransactionManager::begin_transaction(self).await?;
-            let result = {
-                let mut tx = OutboxTx::new(&mut *self);
-                match f(&mut tx).await {
-                    Ok(value) => {
-                        let pending = tx.take_pending();
-                        if pending.is_empty() {
-                            Ok(value)
-                        } else {
-                            C::Backend::write_async(&mut *self, &pending)
-                                .await
-                                .map(|()| value)
-                                .map_err(E::from)
+            let result = match crate::order::position(
+                C::TransactionManager::transaction_manager_status_mut(self),
+            ) {
+                Err(e) => Err(E::from(e)),
+                Ok((key, depth)) => {
+                    let registered = crate::order::Registered::new(key, depth);
+                    let mut tx = OutboxTx::new(&mut *self, registered.frame());
+                    let returned = f(&mut tx).await;
+                    drop(tx);
+                    match returned {
+                        Ok(value) => {
+                            let own = crate::order::take_own(&registered.frame());
+                            if own.messages.is_empty() {
+                                Ok(value)
+                            } else {
+                                crate::order::write_async(&mut *self, &own)
+                                    .await
+                                    .map(|()| value)
+                                    .map_err(E::from)
+                            }
                         }
+                        Err(e) => Err(e),
                     }
-                    Err(e) => Err(e),
                 }
             };
             match result {
@@ -191,6 +202,7 @@ where
         return Err(Error::NotInTransaction);
     }
     let message = NewMessage::from_event(event, headers)?;
+    crate::order::flush_enclosing_async(conn).await?;
     C::Backend::write_async(conn, std::slice::from_ref(&message)).await?;
     Ok(())
 }

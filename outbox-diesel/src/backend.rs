@@ -65,7 +65,22 @@ pub trait OutboxBackend: Backend + private::Sealed {
     fn write<C: diesel::Connection<Backend = Self>>(
         conn: &mut C,
         messages: &[NewMessage],
+    ) -> diesel::QueryResult<()> {
+        Self::write_as(conn, messages, false)
+    }
+
+    /// [`OutboxBackend::write`]; with `keep_existing`, rows whose id is already stored are
+    /// left as they are (see [`crate::order`]).
+    #[doc(hidden)]
+    fn write_as<C: diesel::Connection<Backend = Self>>(
+        conn: &mut C,
+        messages: &[NewMessage],
+        keep_existing: bool,
     ) -> diesel::QueryResult<()>;
+
+    /// The end of an `INSERT` that skips rows whose id is already stored.
+    #[doc(hidden)]
+    const KEEP_EXISTING: &'static str;
 
     /// Applies the pending migrations (see [`crate::migrations::run`]).
     #[doc(hidden)]
@@ -103,6 +118,17 @@ pub trait OutboxBackend: Backend + private::Sealed {
     fn write_async<C: diesel_async::AsyncConnection<Backend = Self>>(
         conn: &mut C,
         messages: &[NewMessage],
+    ) -> impl Future<Output = diesel::QueryResult<()>> + Send {
+        Self::write_as_async(conn, messages, false)
+    }
+
+    /// The async twin of [`OutboxBackend::write_as`].
+    #[cfg(feature = "async")]
+    #[doc(hidden)]
+    fn write_as_async<C: diesel_async::AsyncConnection<Backend = Self>>(
+        conn: &mut C,
+        messages: &[NewMessage],
+        keep_existing: bool,
     ) -> impl Future<Output = diesel::QueryResult<()>> + Send;
 
     /// The async twin of [`OutboxBackend::migrate`].
@@ -117,13 +143,16 @@ pub trait OutboxBackend: Backend + private::Sealed {
 /// concrete backend for Diesel's bounds to hold.
 macro_rules! backend_ops {
     () => {
-        fn write<C: diesel::Connection<Backend = Self>>(
+        fn write_as<C: diesel::Connection<Backend = Self>>(
             conn: &mut C,
             messages: &[NewMessage],
+            keep_existing: bool,
         ) -> diesel::QueryResult<()> {
             use diesel::RunQueryDsl;
             for chunk in messages.chunks(ROWS_PER_INSERT) {
-                InsertMessages::<Self>::new(chunk).execute(conn)?;
+                InsertMessages::<Self>::new(chunk)
+                    .keep_existing(keep_existing)
+                    .execute(conn)?;
             }
             if let Some(sql) = Self::NOTIFY_SQL.filter(|_| crate::notify::due()) {
                 diesel::sql_query(sql).execute(conn)?;
@@ -153,13 +182,17 @@ macro_rules! backend_ops {
         }
 
         #[cfg(feature = "async")]
-        async fn write_async<C: diesel_async::AsyncConnection<Backend = Self>>(
+        async fn write_as_async<C: diesel_async::AsyncConnection<Backend = Self>>(
             conn: &mut C,
             messages: &[NewMessage],
+            keep_existing: bool,
         ) -> diesel::QueryResult<()> {
             use diesel_async::RunQueryDsl;
             for chunk in messages.chunks(ROWS_PER_INSERT) {
-                InsertMessages::<Self>::new(chunk).execute(conn).await?;
+                InsertMessages::<Self>::new(chunk)
+                    .keep_existing(keep_existing)
+                    .execute(conn)
+                    .await?;
             }
             if let Some(sql) = Self::NOTIFY_SQL.filter(|_| crate::notify::due()) {
                 diesel::sql_query(sql).execute(conn).await?;
@@ -191,6 +224,7 @@ const CACHED_ROWS: usize = 16;
 pub(crate) struct InsertMessages<'a, DB: OutboxBackend> {
     messages: &'a [NewMessage],
     rows: Vec<DB::Row>,
+    keep_existing: bool,
 }
 
 impl<'a, DB: OutboxBackend> InsertMessages<'a, DB> {
@@ -198,7 +232,14 @@ impl<'a, DB: OutboxBackend> InsertMessages<'a, DB> {
         InsertMessages {
             messages,
             rows: messages.iter().map(DB::row).collect(),
+            keep_existing: false,
         }
+    }
+
+    /// Skip rows whose id is already stored (`ON CONFLICT (id) DO NOTHING` or MySQL's twin).
+    pub(crate) fn keep_existing(mut self, keep: bool) -> Self {
+        self.keep_existing = keep;
+        self
     }
 }
 
@@ -217,6 +258,9 @@ impl<DB: OutboxBackend> QueryFragment<DB> for InsertMessages<'_, DB> {
                 out.push_sql(", ");
             }
             DB::walk_row(message, row, &mut out)?;
+        }
+        if self.keep_existing {
+            out.push_sql(DB::KEEP_EXISTING);
         }
         Ok(())
     }
@@ -286,6 +330,7 @@ impl private::Sealed for diesel::pg::Pg {}
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl OutboxBackend for diesel::pg::Pg {
     const NAME: &'static str = "postgres";
+    const KEEP_EXISTING: &'static str = " ON CONFLICT (id) DO NOTHING";
     const NOTIFY_SQL: Option<&'static str> = Some("SELECT pg_notify('outbox_events', '')");
     backend_ops!();
     const MIGRATIONS: &'static [Migration] = crate::migrations::POSTGRES;
@@ -345,6 +390,7 @@ impl private::Sealed for diesel::mysql::Mysql {}
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 impl OutboxBackend for diesel::mysql::Mysql {
     const NAME: &'static str = "mysql";
+    const KEEP_EXISTING: &'static str = " ON DUPLICATE KEY UPDATE id = id";
     backend_ops!();
     const MIGRATIONS: &'static [Migration] = crate::migrations::MYSQL;
 
@@ -397,6 +443,7 @@ impl private::Sealed for diesel::sqlite::Sqlite {}
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 impl OutboxBackend for diesel::sqlite::Sqlite {
     const NAME: &'static str = "sqlite";
+    const KEEP_EXISTING: &'static str = " ON CONFLICT (id) DO NOTHING";
     backend_ops!();
     const MIGRATIONS: &'static [Migration] = crate::migrations::SQLITE;
 

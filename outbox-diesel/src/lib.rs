@@ -20,6 +20,7 @@ mod idempotent;
 pub mod inbox;
 pub mod migrations;
 pub mod notify;
+mod order;
 mod sync;
 mod tx;
 
@@ -32,6 +33,7 @@ pub mod relay;
 pub use backend::OutboxBackend;
 pub use sync::{OutboxConnection, publish, publish_with_headers};
 pub use tx::OutboxTx;
+pub use tx::PendingEvents;
 
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]

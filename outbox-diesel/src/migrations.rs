@@ -40,18 +40,24 @@ pub(crate) const POSTGRES: &[Migration] = embed!("postgres":
     "20261129000001" _ "create_outbox",
     "20261129000002" _ "relay_leases",
     "20261130000001" _ "relay_sessions",
+    "20261130000004" _ "row_checks",
+    "20261130000005" _ "insert_defaults",
 );
 #[cfg(feature = "mysql_backend")]
 pub(crate) const MYSQL: &[Migration] = embed!("mysql":
     "20261129000001" _ "create_outbox",
     "20261129000002" _ "relay_leases",
     "20261130000001" _ "relay_sessions",
+    "20261130000004" _ "row_checks",
+    "20261130000005" _ "insert_defaults",
 );
 #[cfg(feature = "sqlite")]
 pub(crate) const SQLITE: &[Migration] = embed!("sqlite":
     "20261129000001" _ "create_outbox",
     "20261129000002" _ "relay_leases",
     "20261130000001" _ "relay_sessions",
+    "20261130000004" _ "row_checks",
+    "20261130000005" _ "insert_defaults",
 );
 
 /// A row of `__diesel_schema_migrations`. Public only because the runner's bounds name it.

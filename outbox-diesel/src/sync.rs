@@ -15,7 +15,8 @@ pub trait OutboxConnection: Connection<Backend: OutboxBackend> {
     /// `f` gets an [`OutboxTx`]: run Diesel queries on [`tx.conn()`](OutboxTx::conn) and
     /// publish events with [`tx.publish(&event)`](OutboxTx::publish). If `f` returns `Ok`, the
     /// events are written with one multi-row `INSERT` and the transaction commits: the business
-    /// rows and the events are stored together. If `f` returns `Err`, or the `INSERT` fails,
+    /// rows and the events are stored together, in the order they were published (a nested
+    /// write first writes the events published before it; see [`OutboxTx`]). If `f` returns `Err`, or the `INSERT` fails,
     /// the transaction is rolled back: neither is stored, and the error is returned.
     ///
     /// Like [`Connection::transaction`], on which it is built: called inside another
@@ -69,12 +70,18 @@ where
         F: FnOnce(&mut OutboxTx<'_, Self>) -> Result<T, E>,
         E: From<diesel::result::Error>,
     {
+        // Events the enclosing transactions published so far are written before this one
+        // opens its savepoint, so they come first (see `crate::order`).
+        crate::order::flush_enclosing(self)?;
         self.transaction(|conn| {
-            let mut tx = OutboxTx::new(conn);
-            let out = f(&mut tx)?;
-            let pending = tx.take_pending();
-            if !pending.is_empty() {
-                C::Backend::write(conn, &pending)?;
+            let (key, depth) = crate::order::position(
+                C::TransactionManager::transaction_manager_status_mut(conn),
+            )?;
+            let registered = crate::order::Registered::new(key, depth);
+            let out = f(&mut OutboxTx::new(conn, registered.frame()))?;
+            let own = crate::order::take_own(&registered.frame());
+            if !own.messages.is_empty() {
+                crate::order::write(conn, &own)?;
             }
             Ok(out)
         })
@@ -139,6 +146,7 @@ where
         return Err(Error::NotInTransaction);
     }
     let message = NewMessage::from_event(event, headers)?;
+    crate::order::flush_enclosing(conn)?;
     C::Backend::write(conn, std::slice::from_ref(&message))?;
     Ok(())
 }

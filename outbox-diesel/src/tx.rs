@@ -1,8 +1,11 @@
 //! [`OutboxTx`]: the handle a `transaction_with_outbox` closure gets.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::MutexGuard;
 
 use outbox_core::{Error, Headers, NewMessage, OutboxEvent};
+
+use crate::order::{Frame, FrameRef, lock};
 
 /// A connection inside an open transaction, plus the events published in it so far.
 ///
@@ -14,18 +17,42 @@ use outbox_core::{Error, Headers, NewMessage, OutboxEvent};
 /// events) just before `COMMIT`, so they commit together with the business rows, or not at all.
 ///
 /// Events are written in the order they were published: that is their order in the outbox and
-/// so, per aggregate, the order in which consumers see them.
+/// so, per aggregate, the order in which consumers see them. That holds across nesting too:
+/// before a nested `transaction_with_outbox` or a free [`publish`](crate::publish) writes its
+/// events, the events this transaction published earlier are written first (a nested call
+/// that rolls back still drops its own events). A transaction without nested writes writes its
+/// events with one `INSERT`; each nested write after `publish` calls adds one.
 pub struct OutboxTx<'c, C> {
     conn: &'c mut C,
-    pending: Vec<NewMessage>,
+    frame: FrameRef,
     headers: Headers,
 }
 
+/// The events an [`OutboxTx`] holds, not yet written: a slice (`len`, indexing, `iter`), see
+/// [`OutboxTx::pending`]. Drop it before publishing more.
+pub struct PendingEvents<'a> {
+    guard: MutexGuard<'a, Frame>,
+}
+
+impl Deref for PendingEvents<'_> {
+    type Target = [NewMessage];
+
+    fn deref(&self) -> &[NewMessage] {
+        &self.guard.pending
+    }
+}
+
+impl std::fmt::Debug for PendingEvents<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 impl<'c, C> OutboxTx<'c, C> {
-    pub(crate) fn new(conn: &'c mut C) -> Self {
+    pub(crate) fn new(conn: &'c mut C, frame: FrameRef) -> Self {
         OutboxTx {
             conn,
-            pending: Vec::new(),
+            frame,
             headers: Headers::new(),
         }
     }
@@ -105,7 +132,7 @@ impl<'c, C> OutboxTx<'c, C> {
         let mut all = self.headers.clone();
         all.extend(headers);
         let message = NewMessage::from_event(event, all)?;
-        self.pending.push(message);
+        lock(&self.frame).pending.push(message);
         Ok(())
     }
 
@@ -130,7 +157,8 @@ impl<'c, C> OutboxTx<'c, C> {
         self.headers.insert(name.into(), value.into());
     }
 
-    /// The events published so far and not yet written.
+    /// The events published so far and not yet written (a nested write writes the earlier
+    /// ones first, see [`OutboxTx`]).
     ///
     /// ```
     /// # include!("doctest_setup.rs");
@@ -146,12 +174,10 @@ impl<'c, C> OutboxTx<'c, C> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn pending(&self) -> &[NewMessage] {
-        &self.pending
-    }
-
-    pub(crate) fn take_pending(&mut self) -> Vec<NewMessage> {
-        std::mem::take(&mut self.pending)
+    pub fn pending(&self) -> PendingEvents<'_> {
+        PendingEvents {
+            guard: lock(&self.frame),
+        }
     }
 }
 
@@ -172,7 +198,7 @@ impl<C> DerefMut for OutboxTx<'_, C> {
 impl<C> std::fmt::Debug for OutboxTx<'_, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OutboxTx")
-            .field("pending", &self.pending.len())
+            .field("pending", &self.pending().len())
             .field("headers", &self.headers)
             .finish_non_exhaustive()
     }

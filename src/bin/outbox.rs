@@ -10,6 +10,9 @@
 //! `postgres://` or `postgresql://`, `mysql://`, and anything else is an SQLite file path
 //! (optionally `sqlite://path`).
 
+#[path = "outbox/inputs.rs"]
+mod inputs;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -58,8 +61,9 @@ struct RelayArgs {
     /// Kafka bootstrap servers, `host:port[,host:port…]`.
     #[arg(long, env = "KAFKA_BROKERS")]
     brokers: String,
-    /// How relays share the work: `unordered`, `sharded` or `leader`.
-    #[arg(long, env = "OUTBOX_MODE", default_value = "unordered")]
+    /// How relays share the work: `sharded` (per-aggregate order, the default), `leader`
+    /// (one active relay, ordered) or `unordered` (no order, opt-out).
+    #[arg(long, env = "OUTBOX_MODE", default_value = "sharded")]
     mode: Mode,
     /// Events per claim.
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 500)]
@@ -268,6 +272,11 @@ async fn check_migrated(url: &str) -> Result<(), Fatal> {
 
 async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     let (backend, url) = backend_of(&args.database_url)?;
+    inputs::check_relay_args(&args)?;
+    let retention_keep = match args.retention_hours {
+        Some(h) => Some(Duration::from_secs(inputs::retention_secs(h)?)),
+        None => None,
+    };
     let mut builder = KafkaPublisher::builder()
         .brokers(args.brokers.clone())
         .message_timeout(Duration::from_millis(args.message_timeout));
@@ -280,12 +289,19 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
         };
         builder = builder.set(k.trim(), v.trim());
     }
-    let publisher = builder.build()?;
+    let publisher = builder.build().map_err(|e| match e {
+        // Only reachable through `--kafka-config bootstrap.servers=`: name the flags.
+        outbox::kafka::KafkaConfigError::MissingBrokers => Fatal(
+            "no Kafka brokers: --brokers / KAFKA_BROKERS is overridden by an empty --kafka-config bootstrap.servers"
+                .into(),
+        ),
+        e => Fatal(format!("{e} (check --kafka-config)")),
+    })?;
     let publish_timeout = publisher.publish_timeout();
     let lease = Duration::from_millis(args.lease);
     if publish_timeout >= lease {
         return Err(Fatal(format!(
-            "--lease ({} ms) must be longer than a publish can take ({} ms with --message-timeout {} ms): raise --lease or lower --message-timeout",
+            "--lease / OUTBOX_LEASE_MS ({} ms) must be longer than a publish can take ({} ms with --message-timeout / OUTBOX_MESSAGE_TIMEOUT_MS {} ms): raise --lease or lower --message-timeout",
             args.lease,
             publish_timeout.as_millis(),
             args.message_timeout
@@ -314,8 +330,8 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
         } else {
             DeadLetterPolicy::Block
         },
-        retention: args.retention_hours.map(|h| Retention {
-            keep: Duration::from_secs(h * 3600),
+        retention: retention_keep.map(|keep| Retention {
+            keep,
             batch: 1_000,
             every: Duration::from_secs(60),
         }),

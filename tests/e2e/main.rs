@@ -10,6 +10,8 @@ mod support;
 
 mod faults;
 mod harness;
+mod holds;
+mod inputs;
 mod scenarios;
 mod takeover;
 

@@ -221,6 +221,27 @@ pub async fn nested_transactions_and_free_publish<C: AsyncConn>(db: TestDatabase
                 Ok::<_, AppError>(())
             })
             .await?;
+        // A plain savepoint that rolls back: the outer's event 4, written inside it before
+        // event 5, is written again at the end.
+        tx.publish(&OrderCreated {
+            order_id: 4,
+            total_cents: 400,
+        })?;
+        let rolled_back = tx
+            .conn()
+            .transaction(async |c| {
+                outbox::publish_async(
+                    c,
+                    &OrderCreated {
+                        order_id: 5,
+                        total_cents: 500,
+                    },
+                )
+                .await?;
+                Err::<(), _>(AppError::Business("savepoint fails"))
+            })
+            .await;
+        assert!(rolled_back.is_err());
         Ok::<_, AppError>(())
     })
     .await
@@ -231,7 +252,8 @@ pub async fn nested_transactions_and_free_publish<C: AsyncConn>(db: TestDatabase
         .into_iter()
         .map(|e| e.aggregate_id)
         .collect();
-    assert_eq!(ids, ["3", "1"]);
+    // Publish order: the outer's event 1 was written before the savepoint's event 3.
+    assert_eq!(ids, ["1", "3", "4"]);
     assert_eq!(conn.count(COUNT_ORDERS).await, 2);
 }
 

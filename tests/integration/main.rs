@@ -9,6 +9,7 @@
 mod async_suite;
 mod migrations;
 mod pools;
+mod row_checks;
 mod support;
 mod sync_suite;
 

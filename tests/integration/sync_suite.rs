@@ -222,8 +222,8 @@ pub fn nested_transactions_are_savepoints<C: SyncConn>(db: TestDatabase) {
     .unwrap();
 
     let ids: Vec<String> = conn.events().into_iter().map(|e| e.aggregate_id).collect();
-    // The inner committed savepoint wrote its event before the outer flush.
-    assert_eq!(ids, ["3", "1"]);
+    // Publish order: the outer's event was written before the inner savepoint opened.
+    assert_eq!(ids, ["1", "3"]);
     assert_eq!(conn.count(COUNT_ORDERS), 2);
 
     // An outer failure discards everything, inner savepoints included.
@@ -241,6 +241,35 @@ pub fn nested_transactions_are_savepoints<C: SyncConn>(db: TestDatabase) {
     assert!(outer.is_err());
     assert_eq!(conn.count(COUNT_EVENTS), 2);
     assert_eq!(conn.count(COUNT_ORDERS), 2);
+
+    // Plain Diesel savepoints the outbox does not open: the outer's earlier events are written
+    // inside them before the free `publish`, and written again (skipping ids already there)
+    // when the savepoint rolled back.
+    let event = |order_id| OrderCreated {
+        order_id,
+        total_cents: 1,
+    };
+    conn.transaction_with_outbox(|tx| {
+        tx.publish(&event(6))?;
+        let rolled_back = tx.conn().transaction(|c| {
+            outbox::publish(c, &event(7))?;
+            Err::<(), _>(diesel::result::Error::RollbackTransaction)
+        });
+        assert!(rolled_back.is_err());
+        tx.publish(&event(8))?;
+        tx.conn()
+            .transaction(|c| outbox::publish(c, &event(9)))
+            .map_err(AppError::from)?;
+        tx.publish(&event(10))?;
+        Ok::<_, AppError>(())
+    })
+    .unwrap();
+    let ids: Vec<String> = conn.events().into_iter().map(|e| e.aggregate_id).collect();
+    assert_eq!(
+        ids,
+        ["1", "3", "6", "8", "9", "10"],
+        "publish order, each once"
+    );
 }
 
 pub fn free_publish_needs_a_transaction<C: SyncConn>(db: TestDatabase) {

@@ -8,6 +8,8 @@
 mod support;
 
 mod backends;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod foreign_rows;
 mod store_suite;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod text_ids;

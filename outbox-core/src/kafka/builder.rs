@@ -107,8 +107,9 @@ impl KafkaPublisherBuilder {
 
     /// How long librdkafka may try to deliver a message (`message.timeout.ms`), default
     /// [`DEFAULT_MESSAGE_TIMEOUT`]. It bounds a whole publish: see
-    /// [`KafkaPublisher::publish_timeout`]. Keep it well below the relay's lease. Rounded to
-    /// whole milliseconds, at least one.
+    /// [`KafkaPublisher::publish_timeout`]. Keep it well below the relay's lease. Rounded down
+    /// to whole milliseconds; [`build`](Self::build) refuses zero (librdkafka would read it as
+    /// "no limit") and more than `i32::MAX` ms, naming `message.timeout.ms`.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -116,10 +117,15 @@ impl KafkaPublisherBuilder {
     ///     .brokers("127.0.0.1:9092")
     ///     .message_timeout(Duration::from_secs(3));
     /// # drop(builder);
+    /// let zero = outbox_core::kafka::KafkaPublisher::builder()
+    ///     .brokers("127.0.0.1:9092")
+    ///     .message_timeout(Duration::ZERO)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(zero.to_string().contains("message.timeout.ms"), "{zero}");
     /// ```
     pub fn message_timeout(self, timeout: Duration) -> Self {
-        let ms = timeout.as_millis().clamp(1, u128::from(u32::MAX));
-        self.set("message.timeout.ms", ms.to_string())
+        self.set("message.timeout.ms", timeout.as_millis().to_string())
     }
 
     /// Prefixes every topic, e.g. `"prod."` sends an `order` event to `prod.order`. Applied
@@ -181,7 +187,15 @@ impl KafkaPublisherBuilder {
             settings.insert(key, value);
         }
         check_settings(&settings)?;
-        let message_timeout = Duration::from_millis(parse_ms(&settings, "message.timeout.ms")?);
+        let message_timeout = parse_ms(&settings, "message.timeout.ms")?;
+        if message_timeout == 0 || message_timeout > i32::MAX as u64 {
+            return Err(KafkaConfigError::Invalid {
+                key: "message.timeout.ms".to_owned(),
+                value: message_timeout.to_string(),
+                reason: "must be between 1 and 2147483647 ms (0 would mean no limit)".to_owned(),
+            });
+        }
+        let message_timeout = Duration::from_millis(message_timeout);
         let mut config = ClientConfig::new();
         for (key, value) in &settings {
             config.set(key, value);

@@ -5,15 +5,19 @@ use std::time::Duration;
 use super::Completion;
 
 /// How relays share the work.
+///
+/// The default is [`Mode::Sharded`]: events of one aggregate are published in the order they
+/// were written, which is what consumers rely on. [`Mode::Unordered`] is the explicit opt-out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
     /// Any number of relays claim with `FOR UPDATE SKIP LOCKED`: maximum throughput, no
-    /// ordering promise.
-    #[default]
+    /// ordering promise. Choose it only when consumers do not care about order.
     Unordered,
     /// Per-aggregate order with parallelism: the 256 virtual shards are leased to relays,
     /// which rebalance as relays join, leave or die. No event of an aggregate is published
     /// before an earlier one of the same aggregate; a failing aggregate blocks only itself.
+    /// The default. On SQLite (one relay) the single relay holds every shard.
+    #[default]
     Sharded,
     /// One active relay (a lease row elects it), the others wait as hot standbys; ordered as
     /// in `Sharded`.
@@ -150,7 +154,7 @@ impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
             relay_id: default_relay_id(),
-            mode: Mode::Unordered,
+            mode: Mode::default(),
             batch_size: 500,
             poll_interval: Duration::from_millis(500),
             lease: Duration::from_secs(30),
@@ -173,11 +177,71 @@ impl Default for RelayConfig {
     }
 }
 
+/// The longest lease, publish timeout and backoff delay: one day. Longer leases gain nothing
+/// (a dead relay's work would wait that long) and would approach the limits of the stores:
+/// PostgreSQL's `statement_timeout` (a third of the lease on the CLI) takes at most
+/// `i32::MAX` ms (about 24.8 days), and `now() + lease` must stay a valid time everywhere.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+
+/// The longest poll interval: one hour.
+pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// The longest retention: ten years, so that `now() - keep` is a valid time on every backend
+/// (MySQL's `DATETIME` starts at the year 1000, SQLite's date functions at year 0).
+pub const MAX_RETENTION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+impl Backoff {
+    /// Checks this backoff; `name` prefixes the error (`"backoff"`, `"outage_backoff"`).
+    fn validate(&self, name: &str) -> Result<(), String> {
+        if self.initial.is_zero() || self.initial > MAX_LEASE {
+            return Err(format!(
+                "{name}.initial must be between 1 ms and {MAX_LEASE:?}, got {:?}",
+                self.initial
+            ));
+        }
+        if self.max < self.initial || self.max > MAX_LEASE {
+            return Err(format!(
+                "{name}.max must be between {name}.initial ({:?}) and {MAX_LEASE:?}, got {:?}",
+                self.initial, self.max
+            ));
+        }
+        // `!(x >= 1.0)` also refuses NaN.
+        if !(self.multiplier >= 1.0 && self.multiplier <= 1_000.0) {
+            return Err(format!(
+                "{name}.multiplier must be between 1 and 1000, got {}",
+                self.multiplier
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(format!(
+                "{name}.jitter must be between 0 and 1, got {}",
+                self.jitter
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl RelayConfig {
-    /// Checks the settings against each other; the error names the setting.
+    /// Checks every setting against its range and against the others; the error is one line
+    /// naming the setting, its range and the value given.
+    ///
+    /// The ranges keep every value valid where it ends up: in SQL intervals (`now() + lease`,
+    /// `now() - retention.keep`), in PostgreSQL's `statement_timeout`, and in timers.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox_core::relay::RelayConfig;
+    /// let mut config = RelayConfig::default();
+    /// config.backoff.jitter = 1.5;
+    /// assert_eq!(config.validate().unwrap_err(), "backoff.jitter must be between 0 and 1, got 1.5");
+    /// ```
     pub fn validate(&self) -> Result<(), String> {
-        if self.relay_id.is_empty() || self.relay_id.len() > 200 {
-            return Err("relay_id must be 1 to 200 characters".into());
+        if self.relay_id.trim().is_empty() || self.relay_id.len() > 200 {
+            return Err(format!(
+                "relay_id must be 1 to 200 characters, got {}",
+                self.relay_id.len()
+            ));
         }
         if self.batch_size == 0 || self.batch_size > 10_000 {
             return Err(format!(
@@ -185,20 +249,26 @@ impl RelayConfig {
                 self.batch_size
             ));
         }
-        if self.lease < Duration::from_millis(100) {
-            return Err("lease must be at least 100 ms".into());
-        }
-        if self.publish_timeout >= self.lease {
+        if self.lease < Duration::from_millis(100) || self.lease > MAX_LEASE {
             return Err(format!(
-                "publish_timeout ({:?}) must be shorter than lease ({:?})",
+                "lease must be between 100ms and {MAX_LEASE:?}, got {:?}",
+                self.lease
+            ));
+        }
+        if self.publish_timeout.is_zero() || self.publish_timeout >= self.lease {
+            return Err(format!(
+                "publish_timeout ({:?}) must be above zero and shorter than lease ({:?})",
                 self.publish_timeout, self.lease
             ));
         }
         if self.max_attempts == 0 {
             return Err("max_attempts must be at least 1".into());
         }
-        if self.poll_interval.is_zero() {
-            return Err("poll_interval must be above zero".into());
+        if self.poll_interval.is_zero() || self.poll_interval > MAX_POLL_INTERVAL {
+            return Err(format!(
+                "poll_interval must be between 1ns and {MAX_POLL_INTERVAL:?}, got {:?}",
+                self.poll_interval
+            ));
         }
         if let Some(every) = self.session_check
             && every < Duration::from_millis(10)
@@ -207,16 +277,27 @@ impl RelayConfig {
                 "session_check ({every:?}) must be at least 10 ms (each check is a query)"
             ));
         }
-        if self.outage_backoff.max.is_zero() {
-            return Err(
-                "outage_backoff.max must be above zero (else an outage is retried in a busy loop)"
-                    .into(),
-            );
-        }
-        if let Some(r) = &self.retention
-            && r.batch == 0
-        {
-            return Err("retention batch must be at least 1".into());
+        self.backoff.validate("backoff")?;
+        self.outage_backoff.validate("outage_backoff")?;
+        if let Some(r) = &self.retention {
+            if r.keep < Duration::from_secs(1) || r.keep > MAX_RETENTION {
+                return Err(format!(
+                    "retention.keep must be between 1s and {MAX_RETENTION:?} (ten years), got {:?}",
+                    r.keep
+                ));
+            }
+            if r.batch == 0 || r.batch > 100_000 {
+                return Err(format!(
+                    "retention.batch must be 1 to 100000, got {}",
+                    r.batch
+                ));
+            }
+            if r.every.is_zero() || r.every > MAX_LEASE {
+                return Err(format!(
+                    "retention.every must be between 1ns and {MAX_LEASE:?}, got {:?}",
+                    r.every
+                ));
+            }
         }
         Ok(())
     }
@@ -236,4 +317,103 @@ pub fn default_relay_id() -> String {
         std::process::id(),
         rng.next() & 0xFF_FFFF
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(change: impl FnOnce(&mut RelayConfig)) -> String {
+        let mut config = RelayConfig::default();
+        change(&mut config);
+        config.validate().unwrap_err()
+    }
+
+    #[test]
+    fn the_default_is_valid_and_ordered() {
+        assert!(RelayConfig::default().validate().is_ok());
+        assert_eq!(RelayConfig::default().mode, Mode::Sharded);
+    }
+
+    type Change = Box<dyn FnOnce(&mut RelayConfig)>;
+
+    #[test]
+    fn every_setting_out_of_range_is_named() {
+        let cases: Vec<(&str, Change)> = vec![
+            (
+                "lease",
+                Box::new(|c| c.lease = Duration::from_secs(75 * 86_400)),
+            ),
+            ("lease", Box::new(|c| c.lease = Duration::from_millis(99))),
+            (
+                "publish_timeout",
+                Box::new(|c| c.publish_timeout = Duration::ZERO),
+            ),
+            (
+                "poll_interval",
+                Box::new(|c| c.poll_interval = Duration::ZERO),
+            ),
+            (
+                "poll_interval",
+                Box::new(|c| c.poll_interval = Duration::from_secs(3601)),
+            ),
+            (
+                "backoff.initial",
+                Box::new(|c| c.backoff.initial = Duration::ZERO),
+            ),
+            (
+                "backoff.max",
+                Box::new(|c| c.backoff.max = Duration::from_millis(10)),
+            ),
+            (
+                "backoff.multiplier",
+                Box::new(|c| c.backoff.multiplier = 0.5),
+            ),
+            (
+                "backoff.multiplier",
+                Box::new(|c| c.backoff.multiplier = f64::NAN),
+            ),
+            ("backoff.jitter", Box::new(|c| c.backoff.jitter = -0.1)),
+            (
+                "outage_backoff.jitter",
+                Box::new(|c| c.outage_backoff.jitter = 2.0),
+            ),
+            ("relay_id", Box::new(|c| c.relay_id = " ".into())),
+            (
+                "retention.keep",
+                Box::new(|c| {
+                    c.retention = Some(Retention {
+                        keep: Duration::from_secs(u64::MAX),
+                        batch: 1000,
+                        every: Duration::from_secs(60),
+                    })
+                }),
+            ),
+            (
+                "retention.batch",
+                Box::new(|c| {
+                    c.retention = Some(Retention {
+                        keep: Duration::from_secs(3600),
+                        batch: 0,
+                        every: Duration::from_secs(60),
+                    })
+                }),
+            ),
+            (
+                "retention.every",
+                Box::new(|c| {
+                    c.retention = Some(Retention {
+                        keep: Duration::from_secs(3600),
+                        batch: 10,
+                        every: Duration::ZERO,
+                    })
+                }),
+            ),
+        ];
+        for (name, change) in cases {
+            let e = error_of(change);
+            assert!(e.starts_with(name), "{name}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
 }

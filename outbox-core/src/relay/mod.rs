@@ -17,7 +17,10 @@ mod publisher;
 mod stats;
 mod store;
 
-pub use config::{Backoff, DeadLetterPolicy, Mode, RelayConfig, Retention, default_relay_id};
+pub use config::{
+    Backoff, DeadLetterPolicy, MAX_LEASE, MAX_POLL_INTERVAL, MAX_RETENTION, Mode, RelayConfig,
+    Retention, default_relay_id,
+};
 pub use engine::Relay;
 pub use health::{RelayHealth, RelayState};
 pub use memory::{MemoryBroker, MemoryStore, Record, message_headers, test_message};

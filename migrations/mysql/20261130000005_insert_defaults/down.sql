@@ -1,0 +1,9 @@
+DROP TRIGGER IF EXISTS outbox_events_fill;
+DROP FUNCTION IF EXISTS outbox_shard_of;
+DROP FUNCTION IF EXISTS outbox_uuid_v7;
+ALTER TABLE outbox_events
+    ALTER COLUMN id DROP DEFAULT,
+    ALTER COLUMN shard DROP DEFAULT,
+    ALTER COLUMN headers DROP DEFAULT,
+    ALTER COLUMN created_at DROP DEFAULT,
+    ALTER COLUMN available_at DROP DEFAULT;
