@@ -9,7 +9,9 @@
 # rewritten from the newest row of each scenario (the hand-written notes below its marker are
 # kept). The scenarios run one at a time: they measure latencies, and the machine is small.
 # Needs the services of scripts/test.sh (PostgreSQL with its server binaries, the brokers of
-# scripts/kafka.sh). OUTBOX_CHAOS_LABEL="..." labels the code measured (e.g. "before the fixes").
+# scripts/kafka.sh). OUTBOX_CHAOS_LABEL="..." labels the code measured (e.g. "before the fixes");
+# OUTBOX_CHAOS_BIN=<path> runs that `outbox` binary instead of cargo's (a copy of a known build,
+# when other checkouts share the target directory and may rebuild target/debug/outbox).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 form=${1:-full}

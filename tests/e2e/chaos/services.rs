@@ -188,7 +188,7 @@ pub fn relay(db_url: &str, brokers: &str, prefix: &str, extra: &[&str]) -> Relay
     let id = format!("chaos-{}-{n}", std::process::id());
     let log = std::env::temp_dir().join(format!("outbox-chaos-{id}.log"));
     let file = std::fs::File::create(&log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_outbox"))
+    let child = Command::new(outbox_bin())
         .args(["relay", "--database-url", db_url, "--brokers", brokers])
         .args(["--mode", "sharded", "--topic-prefix", prefix, "--relay-id", &id])
         .args(extra)
@@ -200,9 +200,15 @@ pub fn relay(db_url: &str, brokers: &str, prefix: &str, extra: &[&str]) -> Relay
     RelayProcess { child, log, id }
 }
 
+/// The `outbox` binary: `OUTBOX_CHAOS_BIN` if set (a copy of a known build, when other
+/// checkouts share the target directory and may rebuild it meanwhile), else cargo's.
+pub fn outbox_bin() -> String {
+    std::env::var("OUTBOX_CHAOS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox").to_owned())
+}
+
 /// What `outbox status` prints (stdout and stderr), for the report.
 pub fn status(db_url: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
+    let out = Command::new(outbox_bin())
         .args(["status", "--database-url", db_url])
         .output()
         .expect("the outbox binary runs");
