@@ -137,7 +137,10 @@ fn message(event: &OrderEvent) -> OutboxMessage {
 fn through(url: &str, address: &str) -> (String, String) {
     let (scheme_user, rest) = url.split_once('@').expect("user@host in the URL");
     let (host_port, db) = rest.split_once('/').expect("a database in the URL");
-    (format!("{scheme_user}@{address}/{db}"), host_port.to_owned())
+    (
+        format!("{scheme_user}@{address}/{db}"),
+        host_port.to_owned(),
+    )
 }
 
 #[derive(diesel::QueryableByName)]
@@ -180,8 +183,12 @@ async fn chaos_consumer_database_outage() {
     let published: Arc<std::sync::Mutex<Vec<(String, i64, i64)>>> = Arc::default();
     let producing = Arc::new(AtomicBool::new(true));
     let producer = {
-        let (published, producing, topic, brokers) =
-            (published.clone(), producing.clone(), topic.clone(), brokers.clone());
+        let (published, producing, topic, brokers) = (
+            published.clone(),
+            producing.clone(),
+            topic.clone(),
+            brokers.clone(),
+        );
         tokio::spawn(async move {
             let t = topic.clone();
             let publisher = KafkaPublisher::builder()
@@ -206,7 +213,10 @@ async fn chaos_consumer_database_outage() {
                     .collect();
                 let msgs: Vec<OutboxMessage> = batch.iter().map(|b| b.0.clone()).collect();
                 let outcomes = publisher.publish(&msgs).await;
-                assert!(outcomes.iter().all(|o| *o == Delivery::Published), "{outcomes:?}");
+                assert!(
+                    outcomes.iter().all(|o| *o == Delivery::Published),
+                    "{outcomes:?}"
+                );
                 published
                     .lock()
                     .unwrap()
@@ -216,10 +226,11 @@ async fn chaos_consumer_database_outage() {
         })
     };
 
-    let pool: Pool<AsyncPgConnection> =
-        Pool::builder(AsyncDieselConnectionManager::<AsyncPgConnection>::new(&handler_url))
-            .build()
-            .unwrap();
+    let pool: Pool<AsyncPgConnection> = Pool::builder(AsyncDieselConnectionManager::<
+        AsyncPgConnection,
+    >::new(&handler_url))
+    .build()
+    .unwrap();
     let consumer = KafkaConsumer::builder()
         .brokers(&brokers)
         .group(format!("chaos-{}", uuid::Uuid::now_v7().simple()))
@@ -227,10 +238,7 @@ async fn chaos_consumer_database_outage() {
         .handler(move |event: Envelope<OrderEvent>| {
             let pool = pool.clone();
             async move {
-                let mut conn = pool
-                    .get()
-                    .await
-                    .map_err(HandlerError::Pool)?;
+                let mut conn = pool.get().await.map_err(HandlerError::Pool)?;
                 apply(&mut conn, event).await
             }
         })
@@ -282,8 +290,10 @@ async fn chaos_consumer_database_outage() {
     .into_iter()
     .map(|r| r.id)
     .collect();
-    let sent: HashMap<&str, (i64, i64)> =
-        published.iter().map(|(id, k, a)| (id.as_str(), (*k, *a))).collect();
+    let sent: HashMap<&str, (i64, i64)> = published
+        .iter()
+        .map(|(id, k, a)| (id.as_str(), (*k, *a)))
+        .collect();
     let mut applied: HashMap<&str, u64> = HashMap::new();
     let mut t = Tally {
         written: total,
@@ -310,7 +320,10 @@ async fn chaos_consumer_database_outage() {
     }
     t.delivered = applied.len() as u64;
     t.dead_lettered = stats.get(&stats.dead_lettered);
-    t.dead_but_delivered = dead_ids.iter().filter(|id| applied.contains_key(id.as_str())).count() as u64;
+    t.dead_but_delivered = dead_ids
+        .iter()
+        .filter(|id| applied.contains_key(id.as_str()))
+        .count() as u64;
     t.lost = sent
         .keys()
         .filter(|id| !applied.contains_key(*id) && !dead_ids.contains(**id))
@@ -332,22 +345,46 @@ async fn chaos_consumer_database_outage() {
     row.tally = t.clone();
     row.recover_s = caught_up.map(|d| d.as_secs_f64());
     row.recover_means = "from the database's return to every message handled".into();
-    let fmt = |d: Option<Duration>| d.map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
+    let fmt =
+        |d: Option<Duration>| d.map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
     row.figure("consumer", "KafkaConsumer defaults (max attempts, backoff), assigned 3 partitions; `#[idempotent]` handler on a deadpool of AsyncPgConnection");
-    row.figure("outage", format!("{} s: the database's connections cut and refused", outage.as_secs()));
+    row.figure(
+        "outage",
+        format!(
+            "{} s: the database's connections cut and refused",
+            outage.as_secs()
+        ),
+    );
     row.figure("messages", format!("{total} over {KEYS} keys, 100/s"));
     row.figure("handled when the database went away", done_at_cut);
     row.figure("handler errors during the outage", errors_during);
     row.figure("dead-lettered during the outage", dead_during);
-    row.figure("applied past a dead-lettered earlier message of their key", passed_dead);
+    row.figure(
+        "applied past a dead-lettered earlier message of their key",
+        passed_dead,
+    );
     row.figure("caught up after the database's return", fmt(caught_up));
-    row.target("0 lost, 0 phantom, 0 out of order", format!("{} lost, {} phantom, {} out of order", t.lost, t.phantom, t.out_of_order), t.lost == 0 && t.phantom == 0 && t.out_of_order == 0);
+    row.target(
+        "0 lost, 0 phantom, 0 out of order",
+        format!(
+            "{} lost, {} phantom, {} out of order",
+            t.lost, t.phantom, t.out_of_order
+        ),
+        t.lost == 0 && t.phantom == 0 && t.out_of_order == 0,
+    );
     row.target("0 dead-lettered", t.dead_lettered, t.dead_lettered == 0);
     row.target(
         "every effect applied exactly once",
-        format!("{} of {} applied, {} twice", t.delivered, t.written, t.duplicated),
+        format!(
+            "{} of {} applied, {} twice",
+            t.delivered, t.written, t.duplicated
+        ),
         t.delivered == t.written && t.duplicated == 0,
     );
-    row.target("per-key order kept (nothing applied past a dead letter)", passed_dead, passed_dead == 0);
+    row.target(
+        "per-key order kept (nothing applied past a dead letter)",
+        passed_dead,
+        passed_dead == 0,
+    );
     row.finish(started, Area::Consumer);
 }

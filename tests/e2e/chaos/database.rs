@@ -30,7 +30,11 @@ fn finish_common(
     relays: &mut [RelayProcess],
 ) -> Vec<f64> {
     let rows = outbox_rows(url);
-    let want: HashSet<String> = rows.iter().filter(|r| r.published).map(|r| r.id.clone()).collect();
+    let want: HashSet<String> = rows
+        .iter()
+        .filter(|r| r.published)
+        .map(|r| r.id.clone())
+        .collect();
     let records = super::reader::read(
         &noida(),
         &format!("{prefix}order-lifecycle"),
@@ -59,7 +63,11 @@ fn finish_common(
         ),
     );
     let t = row.tally.clone();
-    row.target("0 lost, 0 phantom, 0 out of order", tally_line(row), t.lost == 0 && t.phantom == 0 && t.out_of_order == 0);
+    row.target(
+        "0 lost, 0 phantom, 0 out of order",
+        tally_line(row),
+        t.lost == 0 && t.phantom == 0 && t.out_of_order == 0,
+    );
     row.target("0 dead letters", t.dead_lettered, t.dead_lettered == 0);
     commit_to_publish(&rows, &first, log, None)
 }
@@ -75,7 +83,10 @@ fn latency_figures(row: &mut Row, mut latency: Vec<f64>) {
 fn wait_published(url: &str, at_least: i64) {
     let t0 = Instant::now();
     while published(url).unwrap_or(0) < at_least {
-        assert!(t0.elapsed() < Duration::from_secs(120), "the relays never published {at_least} events");
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the relays never published {at_least} events"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -83,7 +94,11 @@ fn wait_published(url: &str, at_least: i64) {
 #[test]
 fn chaos_postgres_restart_mid_drain() {
     let started = Instant::now();
-    let mut row = Row::new("postgres_restart_mid_drain", "PostgreSQL restarted mid-drain", Area::Relay);
+    let mut row = Row::new(
+        "postgres_restart_mid_drain",
+        "PostgreSQL restarted mid-drain",
+        Area::Relay,
+    );
     let pg = PrivatePostgres::start();
     let url = pg.url();
     {
@@ -93,9 +108,32 @@ fn chaos_postgres_restart_mid_drain() {
     let prefix = unique_prefix("pgrestart");
     let backlog: u64 = size(5_000, 50_000);
     // A backlog first, written fast, then writers at a steady rate through the restart.
-    let fill = Writers::start(&url, &WriterSpec { threads: 2, pool_size: 2, aggregates: 250, events: backlog, rate: 20_000.0, hold: Duration::ZERO }).join();
-    let mut relays: Vec<_> = (0..3).map(|_| relay(&url, &noida(), &prefix, &[])).collect();
-    let writers = Writers::start(&url, &WriterSpec { threads: 2, pool_size: 2, aggregates: 250, events: u64::MAX, rate: 200.0, hold: Duration::ZERO });
+    let fill = Writers::start(
+        &url,
+        &WriterSpec {
+            threads: 2,
+            pool_size: 2,
+            aggregates: 250,
+            events: backlog,
+            rate: 20_000.0,
+            hold: Duration::ZERO,
+        },
+    )
+    .join();
+    let mut relays: Vec<_> = (0..3)
+        .map(|_| relay(&url, &noida(), &prefix, &[]))
+        .collect();
+    let writers = Writers::start(
+        &url,
+        &WriterSpec {
+            threads: 2,
+            pool_size: 2,
+            aggregates: 250,
+            events: u64::MAX,
+            rate: 200.0,
+            hold: Duration::ZERO,
+        },
+    );
     wait_published(&url, backlog as i64 / 2);
     let restart = Instant::now();
     pg.ctl("restart");
@@ -119,12 +157,16 @@ fn chaos_postgres_restart_mid_drain() {
     let settled = wait_settled(&url, Duration::from_secs(300)).map(|_| back.elapsed());
     let latency = finish_common(&mut row, &url, &prefix, &log, &mut relays);
     latency_figures(&mut row, latency);
-    let fmt = |d: Option<Duration>| d.map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
+    let fmt =
+        |d: Option<Duration>| d.map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
     row.recover_s = settled.map(|d| d.as_secs_f64());
     row.recover_means = "from the server accepting connections again to the backlog drained".into();
     row.figure("relays", "3 sharded, relay defaults");
     row.figure("backlog before the restart", format!("{backlog} events, restarted when half were published; writers at 200 events/s throughout"));
-    row.figure("`pg_ctl restart -m fast` took", format!("{:.1} s", down.as_secs_f64()));
+    row.figure(
+        "`pg_ctl restart -m fast` took",
+        format!("{:.1} s", down.as_secs_f64()),
+    );
     row.figure("delivery resumed after the restart", fmt(resumed));
     row.figure("backlog drained after the restart", fmt(settled));
     row.finish(started, Area::Relay);
@@ -133,12 +175,28 @@ fn chaos_postgres_restart_mid_drain() {
 #[test]
 fn chaos_killed_database_sessions() {
     let started = Instant::now();
-    let mut row = Row::new("killed_database_sessions", "Relays' database sessions killed every 2 s", Area::Relay);
+    let mut row = Row::new(
+        "killed_database_sessions",
+        "Relays' database sessions killed every 2 s",
+        Area::Relay,
+    );
     let db = TestDatabase::postgres("chaos_sessions");
     let prefix = unique_prefix("sessions");
     let storm = Duration::from_secs(size(10, 60));
-    let mut relays: Vec<_> = (0..3).map(|_| relay(&db.url, &noida(), &prefix, &[])).collect();
-    let writers = Writers::start(&named(&db.url, "chaos-writer"), &WriterSpec { threads: 2, pool_size: 2, aggregates: 250, events: u64::MAX, rate: 300.0, hold: Duration::ZERO });
+    let mut relays: Vec<_> = (0..3)
+        .map(|_| relay(&db.url, &noida(), &prefix, &[]))
+        .collect();
+    let writers = Writers::start(
+        &named(&db.url, "chaos-writer"),
+        &WriterSpec {
+            threads: 2,
+            pool_size: 2,
+            aggregates: 250,
+            events: u64::MAX,
+            rate: 300.0,
+            hold: Duration::ZERO,
+        },
+    );
     let mut admin = diesel::PgConnection::establish(&named(&db.url, "chaos-monitor")).unwrap();
     #[derive(diesel::QueryableByName)]
     struct Killed {
@@ -167,7 +225,13 @@ fn chaos_killed_database_sessions() {
     row.recover_s = settled.map(|d| d.as_secs_f64());
     row.recover_means = "from the last write (and the last kill) to the backlog drained".into();
     row.figure("relays", "3 sharded, relay defaults");
-    row.figure("kill rounds", format!("{rounds} (every 2 s for {} s), {sessions} sessions terminated", storm.as_secs()));
+    row.figure(
+        "kill rounds",
+        format!(
+            "{rounds} (every 2 s for {} s), {sessions} sessions terminated",
+            storm.as_secs()
+        ),
+    );
     row.figure(
         "drain after the last write",
         settled.map_or("never".into(), |d| format!("{:.1} s", d.as_secs_f64())),
@@ -178,12 +242,25 @@ fn chaos_killed_database_sessions() {
 #[test]
 fn chaos_writer_pool_exhaustion() {
     let started = Instant::now();
-    let mut row = Row::new("writer_pool_exhaustion", "Writers starved of pool connections", Area::Relay);
+    let mut row = Row::new(
+        "writer_pool_exhaustion",
+        "Writers starved of pool connections",
+        Area::Relay,
+    );
     let db = TestDatabase::postgres("chaos_pool");
     let prefix = unique_prefix("pool");
     let run = Duration::from_secs(size(10, 60));
-    let mut relays: Vec<_> = (0..2).map(|_| relay(&db.url, &noida(), &prefix, &[])).collect();
-    let spec = WriterSpec { threads: 16, pool_size: 4, aggregates: 50, events: u64::MAX, rate: 5_000.0, hold: Duration::from_millis(20) };
+    let mut relays: Vec<_> = (0..2)
+        .map(|_| relay(&db.url, &noida(), &prefix, &[]))
+        .collect();
+    let spec = WriterSpec {
+        threads: 16,
+        pool_size: 4,
+        aggregates: 50,
+        events: u64::MAX,
+        rate: 5_000.0,
+        hold: Duration::from_millis(20),
+    };
     let writers = Writers::start(&db.url, &spec);
     std::thread::sleep(run);
     let mut log = writers.stop();
@@ -191,15 +268,28 @@ fn chaos_writer_pool_exhaustion() {
     let settled = wait_settled(&db.url, Duration::from_secs(300)).map(|_| last_write.elapsed());
     let latency = finish_common(&mut row, &db.url, &prefix, &log, &mut relays);
     latency_figures(&mut row, latency);
-    let mut waits: Vec<f64> = log.pool_waits.drain(..).map(|d| d.as_secs_f64() * 1000.0).collect();
+    let mut waits: Vec<f64> = log
+        .pool_waits
+        .drain(..)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .collect();
     let fmt_ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0} ms"));
     row.recover_s = settled.map(|d| d.as_secs_f64());
     row.recover_means = "from the last write to the backlog drained".into();
     row.figure("relays", "2 sharded, relay defaults, their own connections");
     row.figure("writers", format!("{} threads on a pool of {} (r2d2, default 30 s checkout timeout), each transaction holding its connection {} ms", spec.threads, spec.pool_size, spec.hold.as_millis()));
-    row.figure("writer transactions per second", format!("{:.0}", waits.len() as f64 / log.elapsed.as_secs_f64()));
-    row.figure("pool checkout wait, median", fmt_ms(quantile(&mut waits, 0.5)));
-    row.figure("pool checkout wait, p99", fmt_ms(quantile(&mut waits, 0.99)));
+    row.figure(
+        "writer transactions per second",
+        format!("{:.0}", waits.len() as f64 / log.elapsed.as_secs_f64()),
+    );
+    row.figure(
+        "pool checkout wait, median",
+        fmt_ms(quantile(&mut waits, 0.5)),
+    );
+    row.figure(
+        "pool checkout wait, p99",
+        fmt_ms(quantile(&mut waits, 0.99)),
+    );
     row.figure("pool checkout timeouts", log.pool_timeouts);
     row.figure(
         "drain after the last write",

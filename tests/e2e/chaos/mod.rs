@@ -103,7 +103,9 @@ impl Row {
             scenario: scenario.into(),
             title: title.into(),
             form: if full() { "full" } else { "short" }.into(),
-            started_at: chrono::Utc::now().format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+            started_at: chrono::Utc::now()
+                .format("%Y-%m-%d %H:%M:%S UTC")
+                .to_string(),
             area: format!("{area:?}"),
             code: code(),
             ..Row::default()
@@ -144,10 +146,23 @@ impl Row {
         }
         eprintln!("{}", self.summary());
         let t = &self.tally;
-        assert_eq!(t.lost, 0, "{}: committed events lost\n{}", self.scenario, self.summary());
-        assert_eq!(t.phantom, 0, "{}: rolled-back events published\n{}", self.scenario, self.summary());
         assert_eq!(
-            t.out_of_order, 0,
+            t.lost,
+            0,
+            "{}: committed events lost\n{}",
+            self.scenario,
+            self.summary()
+        );
+        assert_eq!(
+            t.phantom,
+            0,
+            "{}: rolled-back events published\n{}",
+            self.scenario,
+            self.summary()
+        );
+        assert_eq!(
+            t.out_of_order,
+            0,
             "{}: an aggregate's events out of order\n{}",
             self.scenario,
             self.summary()
@@ -158,7 +173,11 @@ impl Row {
                 .iter()
                 .filter(|t| !t.met && (full() || !t.full_only))
                 .collect();
-            assert!(missed.is_empty(), "{}: targets missed: {missed:#?}", self.scenario);
+            assert!(
+                missed.is_empty(),
+                "{}: targets missed: {missed:#?}",
+                self.scenario
+            );
         }
     }
 

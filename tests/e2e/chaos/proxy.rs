@@ -223,15 +223,17 @@ mod tests {
         proxy.set(Mode::BlackHole);
         std::thread::sleep(Duration::from_millis(100));
         c.write_all(b"again").unwrap();
-        assert!(c.read_exact(&mut b).is_err(), "nothing comes back in a hole");
+        assert!(
+            c.read_exact(&mut b).is_err(),
+            "nothing comes back in a hole"
+        );
         let mut late = TcpStream::connect(proxy.address()).expect("accepted in a hole");
         late.write_all(b"later").unwrap();
         proxy.set(Mode::Forward);
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         c.read_exact(&mut b).unwrap();
         assert_eq!(&b, b"again", "held bytes are delivered after the hole");
-        late.set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
+        late.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         late.read_exact(&mut b).unwrap();
         assert_eq!(&b, b"later");
 
@@ -249,7 +251,10 @@ mod tests {
             if let Ok(c) = TcpStream::connect(proxy.address()) {
                 break c;
             }
-            assert!(start.elapsed() < Duration::from_secs(5), "never listened again");
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "never listened again"
+            );
             std::thread::sleep(TICK);
         };
         c.write_all(b"back!").unwrap();

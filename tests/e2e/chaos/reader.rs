@@ -49,7 +49,10 @@ fn read_until(
 ) -> Vec<Record> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .set("group.id", format!("chaos-{}", uuid::Uuid::now_v7().simple()))
+        .set(
+            "group.id",
+            format!("chaos-{}", uuid::Uuid::now_v7().simple()),
+        )
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .set("fetch.wait.max.ms", "100")
@@ -70,7 +73,8 @@ fn read_until(
     };
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions as i32 {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
     }
     consumer.assign(&tpl).unwrap();
     let mut out = Vec::new();

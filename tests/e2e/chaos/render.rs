@@ -7,8 +7,7 @@ use std::fmt::Write as _;
 
 use super::Row;
 
-pub const NOTES_MARKER: &str =
-    "<!-- Notes below are written by hand; scripts/chaos.sh keeps them when it rewrites the figures above. -->";
+pub const NOTES_MARKER: &str = "<!-- Notes below are written by hand; scripts/chaos.sh keeps them when it rewrites the figures above. -->";
 
 /// The order scenarios appear in.
 const ORDER: [&str; 7] = [
@@ -35,11 +34,17 @@ pub struct Setting {
 pub fn newest(lines: &str) -> Vec<Row> {
     let mut by: BTreeMap<String, Row> = BTreeMap::new();
     for line in lines.lines().filter(|l| !l.trim().is_empty()) {
-        let row: Row = serde_json::from_str(line).unwrap_or_else(|e| panic!("a report line: {e}: {line}"));
+        let row: Row =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("a report line: {e}: {line}"));
         by.insert(row.scenario.clone(), row);
     }
     let mut rows: Vec<Row> = by.into_values().collect();
-    rows.sort_by_key(|r| ORDER.iter().position(|s| *s == r.scenario).unwrap_or(ORDER.len()));
+    rows.sort_by_key(|r| {
+        ORDER
+            .iter()
+            .position(|s| *s == r.scenario)
+            .unwrap_or(ORDER.len())
+    });
     rows
 }
 
@@ -63,7 +68,11 @@ pub fn render(rows: &[Row], setting: &Setting, old: Option<&str>) -> String {
         setting.command,
         setting.date,
         setting.commit,
-        if setting.label.is_empty() { String::new() } else { format!(" ({})", setting.label) },
+        if setting.label.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", setting.label)
+        },
         setting.machine,
         setting.postgres
     );
@@ -176,7 +185,11 @@ fn machine() -> String {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| m.lines().next().map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" ")))
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
+        })
         .unwrap_or_default();
     format!("{cores} cores, {mem} memory (shared with other work: timings are indicative)")
 }
@@ -207,11 +220,16 @@ fn chaos_render_report() {
     }
     let postgres = diesel::PgConnection::establish(&crate::support::postgres_admin_url())
         .ok()
-        .and_then(|mut c| diesel::sql_query("SELECT version() AS v").get_result::<V>(&mut c).ok())
+        .and_then(|mut c| {
+            diesel::sql_query("SELECT version() AS v")
+                .get_result::<V>(&mut c)
+                .ok()
+        })
         .map_or("unknown".into(), |v| v.v);
     let dirty = !sh("git", &["status", "--porcelain", "--untracked-files=no"]).is_empty();
     let setting = Setting {
-        command: std::env::var("OUTBOX_CHAOS_COMMAND").unwrap_or_else(|_| "scripts/chaos.sh".into()),
+        command: std::env::var("OUTBOX_CHAOS_COMMAND")
+            .unwrap_or_else(|_| "scripts/chaos.sh".into()),
         date: sh("date", &["-u"]),
         machine: machine(),
         postgres,
@@ -219,14 +237,21 @@ fn chaos_render_report() {
             "{} ({}){}",
             sh("git", &["rev-parse", "--short", "HEAD"]),
             sh("git", &["log", "-1", "--format=%s"]),
-            if dirty { ", with uncommitted changes" } else { "" }
+            if dirty {
+                ", with uncommitted changes"
+            } else {
+                ""
+            }
         ),
         label: std::env::var("OUTBOX_CHAOS_LABEL").unwrap_or_default(),
     };
     let lines = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("{report}: {e}"));
     let rows = newest(&lines);
     // Keep only the rows shown, so the file does not grow with every run.
-    let kept: String = rows.iter().map(|r| serde_json::to_string(r).unwrap() + "\n").collect();
+    let kept: String = rows
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap() + "\n")
+        .collect();
     std::fs::write(&report, kept).unwrap();
     let old = std::fs::read_to_string(&out).ok();
     std::fs::write(&out, render(&rows, &setting, old.as_deref())).unwrap();
@@ -237,14 +262,24 @@ fn chaos_render_report() {
 /// survive a re-render.
 #[test]
 fn chaos_report_keeps_the_notes_and_the_newest_rows() {
-    let mut a = Row::new("broker_outage_refused", "Broker outage: refused connections", super::Area::Relay);
+    let mut a = Row::new(
+        "broker_outage_refused",
+        "Broker outage: refused connections",
+        super::Area::Relay,
+    );
     a.tally.written = 1;
     let mut b = a.clone();
     b.tally.written = 2;
     b.target("0 dead letters", 3, false);
-    let mut c = Row::new("relay_sigkill_storm", "Relay SIGKILL storm while writers run", super::Area::Relay);
+    let mut c = Row::new(
+        "relay_sigkill_storm",
+        "Relay SIGKILL storm while writers run",
+        super::Area::Relay,
+    );
     c.captures.push(("status".into(), "pending: 1".into()));
-    let lines = [&a, &c, &b].map(|r| serde_json::to_string(r).unwrap()).join("\n");
+    let lines = [&a, &c, &b]
+        .map(|r| serde_json::to_string(r).unwrap())
+        .join("\n");
     let rows = newest(&lines);
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0].scenario, "relay_sigkill_storm");
@@ -259,8 +294,16 @@ fn chaos_report_keeps_the_notes_and_the_newest_rows() {
     };
     let first = render(&rows, &setting, None);
     assert!(first.contains("| 0 dead letters | 3 | **no** |"), "{first}");
-    assert!(first.contains("(#relay-sigkill-storm-while-writers-run)"), "{first}");
+    assert!(
+        first.contains("(#relay-sigkill-storm-while-writers-run)"),
+        "{first}"
+    );
     let edited = format!("{first}\nThe storm's figures are before the fix.\n");
     let second = render(&rows, &setting, Some(&edited));
-    assert!(second.ends_with(&format!("{NOTES_MARKER}\n\nThe storm's figures are before the fix.\n")), "{second}");
+    assert!(
+        second.ends_with(&format!(
+            "{NOTES_MARKER}\n\nThe storm's figures are before the fix.\n"
+        )),
+        "{second}"
+    );
 }

@@ -98,11 +98,20 @@ pub struct PrivatePostgres {
 pub fn pg_bin(name: &str) -> PathBuf {
     let root = Path::new("/usr/lib/postgresql");
     let mut versions: Vec<_> = std::fs::read_dir(root)
-        .unwrap_or_else(|_| panic!("PostgreSQL server binaries not found under {}", root.display()))
+        .unwrap_or_else(|_| {
+            panic!(
+                "PostgreSQL server binaries not found under {}",
+                root.display()
+            )
+        })
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     versions.sort();
-    versions.last().expect("a PostgreSQL version").join("bin").join(name)
+    versions
+        .last()
+        .expect("a PostgreSQL version")
+        .join("bin")
+        .join(name)
 }
 
 fn as_postgres(cmd: &mut Command) -> std::process::ExitStatus {
@@ -128,10 +137,14 @@ fn as_postgres(cmd: &mut Command) -> std::process::ExitStatus {
 impl PrivatePostgres {
     pub fn start() -> Self {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!("outbox-chaos-pg-{}-{port}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("outbox-chaos-pg-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let _ = Command::new("chown").args(["postgres:postgres"]).arg(&dir).status();
+        let _ = Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(&dir)
+            .status();
         let data = dir.join("data");
         assert!(
             as_postgres(
@@ -190,7 +203,14 @@ pub fn relay(db_url: &str, brokers: &str, prefix: &str, extra: &[&str]) -> Relay
     let file = std::fs::File::create(&log).unwrap();
     let child = Command::new(outbox_bin())
         .args(["relay", "--database-url", db_url, "--brokers", brokers])
-        .args(["--mode", "sharded", "--topic-prefix", prefix, "--relay-id", &id])
+        .args([
+            "--mode",
+            "sharded",
+            "--topic-prefix",
+            prefix,
+            "--relay-id",
+            &id,
+        ])
         .args(extra)
         .env("RUST_LOG", "info,librdkafka=error,rdkafka::client=off")
         .stdout(Stdio::null())

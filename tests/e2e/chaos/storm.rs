@@ -34,7 +34,9 @@ fn chaos_relay_sigkill_storm() {
         rate,
         hold: Duration::ZERO,
     };
-    let mut relays: Vec<_> = (0..3).map(|_| relay(&db.url, &brokers, &prefix, &[])).collect();
+    let mut relays: Vec<_> = (0..3)
+        .map(|_| relay(&db.url, &brokers, &prefix, &[]))
+        .collect();
     let writers = Writers::start(&db.url, &spec);
     let storm_start = chrono::Utc::now();
     let mut kills = 0usize;
@@ -56,7 +58,11 @@ fn chaos_relay_sigkill_storm() {
     let settled = wait_settled(&db.url, Duration::from_secs(300));
     let drain_after_last_write = settled.map(|_| last_write.elapsed());
     let rows = outbox_rows(&db.url);
-    let want: HashSet<String> = rows.iter().filter(|r| r.published).map(|r| r.id.clone()).collect();
+    let want: HashSet<String> = rows
+        .iter()
+        .filter(|r| r.published)
+        .map(|r| r.id.clone())
+        .collect();
     let records = super::reader::read(
         &brokers,
         &format!("{prefix}order-lifecycle"),
@@ -92,9 +98,15 @@ fn chaos_relay_sigkill_storm() {
     row.figure("commit → publish during the storm, max", fmt(max));
     row.figure(
         "drain after the last write",
-        drain_after_last_write.map_or("never (300 s)".into(), |d| format!("{:.1} s", d.as_secs_f64())),
+        drain_after_last_write.map_or("never (300 s)".into(), |d| {
+            format!("{:.1} s", d.as_secs_f64())
+        }),
     );
-    row.target("0 lost, 0 phantom, 0 out of order", tally_line(&row), row.tally.lost == 0 && row.tally.phantom == 0 && row.tally.out_of_order == 0);
+    row.target(
+        "0 lost, 0 phantom, 0 out of order",
+        tally_line(&row),
+        row.tally.lost == 0 && row.tally.phantom == 0 && row.tally.out_of_order == 0,
+    );
     row.timing_target(
         "median commit → publish ≤ 3 s during the storm",
         fmt(median),

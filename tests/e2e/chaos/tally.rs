@@ -100,7 +100,10 @@ struct N {
 
 fn count(url: &str, sql: &str) -> Option<i64> {
     let mut c = monitor(url)?;
-    diesel::sql_query(sql).get_result::<N>(&mut c).ok().map(|r| r.n)
+    diesel::sql_query(sql)
+        .get_result::<N>(&mut c)
+        .ok()
+        .map(|r| r.n)
 }
 
 /// Pending rows (neither published nor dead), `None` when the database cannot be asked.
@@ -112,11 +115,17 @@ pub fn pending(url: &str) -> Option<i64> {
 }
 
 pub fn published(url: &str) -> Option<i64> {
-    count(url, "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NOT NULL")
+    count(
+        url,
+        "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NOT NULL",
+    )
 }
 
 pub fn dead(url: &str) -> Option<i64> {
-    count(url, "SELECT COUNT(*) AS n FROM outbox_events WHERE dead_at IS NOT NULL")
+    count(
+        url,
+        "SELECT COUNT(*) AS n FROM outbox_events WHERE dead_at IS NOT NULL",
+    )
 }
 
 /// Pending rows that no dead letter of their aggregate holds back: what the relay still owes.
@@ -186,14 +195,14 @@ pub fn count_up(
     }
     t.phantom = phantoms.len() as u64;
     t.delivered = seen.len() as u64;
-    let dead_aggregates: HashMap<&str, i64> = rows
-        .iter()
-        .filter(|r| r.dead && !r.published)
-        .fold(HashMap::new(), |mut m, r| {
-            let e = m.entry(r.aggregate_id.as_str()).or_insert(i64::MAX);
-            *e = (*e).min(r.seq);
-            m
-        });
+    let dead_aggregates: HashMap<&str, i64> =
+        rows.iter()
+            .filter(|r| r.dead && !r.published)
+            .fold(HashMap::new(), |mut m, r| {
+                let e = m.entry(r.aggregate_id.as_str()).or_insert(i64::MAX);
+                *e = (*e).min(r.seq);
+                m
+            });
     for r in rows {
         let delivered = seen.contains(r.id.as_str());
         if r.dead {
@@ -212,8 +221,10 @@ pub fn count_up(
     }
     if let Some(w) = writers {
         t.rolled_back = w.rolled_back_never_inserted + w.rolled_back_after_insert;
-        let in_table: HashSet<(&str, i64)> =
-            rows.iter().map(|r| (r.aggregate_id.as_str(), r.amount)).collect();
+        let in_table: HashSet<(&str, i64)> = rows
+            .iter()
+            .map(|r| (r.aggregate_id.as_str(), r.amount))
+            .collect();
         let acknowledged_missing = w
             .committed
             .keys()

@@ -9,8 +9,8 @@
 //! uncommitted, while relays polled): a relay that published either would show a phantom.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -204,10 +204,7 @@ fn write(
                 let r = conn.transaction_with_outbox(|tx| {
                     if !hold.is_zero() {
                         diesel::RunQueryDsl::execute(
-                            diesel::sql_query(format!(
-                                "SELECT pg_sleep({})",
-                                hold.as_secs_f64()
-                            )),
+                            diesel::sql_query(format!("SELECT pg_sleep({})", hold.as_secs_f64())),
                             tx.conn(),
                         )?;
                     }
