@@ -8,6 +8,7 @@
 #[path = "../integration/support.rs"]
 mod support;
 
+mod chaos;
 mod faults;
 mod harness;
 mod holds;

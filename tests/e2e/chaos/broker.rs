@@ -1,0 +1,179 @@
+//! Scenario 2: the broker goes away for a minute (20 s in the short form) while writers run,
+//! once as refused connections (the broker is down: open connections are cut, new ones
+//! refused) and once as a black hole (a network partition: connections stay open, nothing
+//! moves, new connections are accepted and go nowhere). The relays run with
+//! `--max-attempts 2`: an outage is not the events' fault, so it must cost no attempt and
+//! dead-letter nothing.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use super::proxy::Mode;
+use super::services::{PrivateBroker, relay, status};
+use super::storm::tally_line;
+use super::tally::{count_up, dead, outbox_rows, pending, published, wait_settled};
+use super::writers::{WriterSpec, Writers};
+use super::{Area, Row, size};
+use crate::harness::unique_prefix;
+use crate::support::TestDatabase;
+
+#[test]
+fn chaos_broker_outage_refused() {
+    broker_outage(Mode::Refuse);
+}
+
+#[test]
+fn chaos_broker_outage_black_hole() {
+    broker_outage(Mode::BlackHole);
+}
+
+fn broker_outage(mode: Mode) {
+    let started = Instant::now();
+    let (name, title) = match mode {
+        Mode::Refuse => (
+            "broker_outage_refused",
+            "Broker outage: refused connections",
+        ),
+        _ => ("broker_outage_black_hole", "Broker outage: black hole"),
+    };
+    let mut row = Row::new(name, title, Area::Relay);
+    let outage = Duration::from_secs(size(20, 60));
+    let before = Duration::from_secs(size(5, 10));
+    let broker = PrivateBroker::start();
+    let db = TestDatabase::postgres("chaos_broker");
+    let prefix = unique_prefix("outage");
+    let rate = 200.0;
+    let spec = WriterSpec {
+        threads: 2,
+        pool_size: 2,
+        aggregates: 250,
+        events: u64::MAX,
+        rate,
+        hold: Duration::ZERO,
+    };
+    let args = ["--max-attempts", "2"];
+    let mut relays: Vec<_> = (0..2)
+        .map(|_| relay(&db.url, &broker.address(), &prefix, &args))
+        .collect();
+    let writers = Writers::start(&db.url, &spec);
+    // Wait for the first publishes (the topic is created on first use), then the lead time.
+    let t0 = Instant::now();
+    while published(&db.url).unwrap_or(0) == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "nothing published before the outage"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(before);
+    broker.set(mode);
+    let cut_at = Instant::now();
+    let pending_at_cut = pending(&db.url).unwrap_or(-1);
+    std::thread::sleep(outage / 2);
+    let status_during = status(&db.url);
+    std::thread::sleep(outage.saturating_sub(cut_at.elapsed()));
+    let dead_during = dead(&db.url).unwrap_or(-1);
+    let pending_at_restore = pending(&db.url).unwrap_or(-1);
+    let published_at_restore = published(&db.url).unwrap_or(0);
+    broker.set(Mode::Forward);
+    let restored = Instant::now();
+    let log = writers.stop();
+    // Delivery resumes: the first row marked published after the broker's return.
+    let resumed = loop {
+        if published(&db.url).unwrap_or(0) > published_at_restore {
+            break Some(restored.elapsed());
+        }
+        if restored.elapsed() > Duration::from_secs(120) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let settled =
+        wait_settled(&db.url, Duration::from_secs(size(90, 180))).map(|_| restored.elapsed());
+    let rows = outbox_rows(&db.url);
+    let want: HashSet<String> = rows
+        .iter()
+        .filter(|r| r.published)
+        .map(|r| r.id.clone())
+        .collect();
+    let records = super::reader::read(
+        &broker.address(),
+        &format!("{prefix}order-lifecycle"),
+        &want,
+        Duration::from_secs(120),
+    );
+    let publish_failures: usize = relays
+        .iter()
+        .map(|r| r.log_text().matches("publish failed").count())
+        .sum();
+    for r in &mut relays {
+        r.terminate();
+    }
+    let (tally, _) = count_up(&rows, &records, Some(&log));
+    row.tally = tally;
+    row.recover_s = settled.map(|d| d.as_secs_f64());
+    row.recover_means =
+        "from the broker's return to the backlog drained (all the relay owes)".into();
+    let fmt =
+        |d: Option<Duration>| d.map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
+    row.figure(
+        "relays",
+        "2 sharded, `--max-attempts 2`, relay defaults otherwise",
+    );
+    row.figure(
+        "outage",
+        format!(
+            "{} s ({})",
+            outage.as_secs(),
+            match mode {
+                Mode::Refuse => "connections cut, new ones refused",
+                _ => "connections held open, nothing forwarded, new ones accepted and held",
+            }
+        ),
+    );
+    row.figure(
+        "writers",
+        format!("{rate:.0} events/s until the broker's return"),
+    );
+    row.figure("pending when the broker went away", pending_at_cut);
+    row.figure("pending when it came back", pending_at_restore);
+    row.figure("dead letters when it came back", dead_during);
+    row.figure(
+        "\"publish failed\" lines in the relays' logs",
+        publish_failures,
+    );
+    row.figure("delivery resumed after the broker's return", fmt(resumed));
+    row.figure("backlog drained after the broker's return", fmt(settled));
+    row.captures.push((
+        "`outbox status` half-way through the outage".into(),
+        status_during.clone(),
+    ));
+    let t = row.tally.clone();
+    row.target(
+        "0 lost, 0 phantom, 0 out of order",
+        tally_line(&row),
+        t.lost == 0 && t.phantom == 0 && t.out_of_order == 0,
+    );
+    row.target("0 dead letters", t.dead_lettered, t.dead_lettered == 0);
+    row.target(
+        "every event delivered (none held behind a dead letter)",
+        format!("{} of {}", t.delivered, t.written),
+        t.delivered == t.written,
+    );
+    row.timing_target(
+        "delivery resumes within 5 s of the broker's return",
+        fmt(resumed),
+        resumed.is_some_and(|d| d <= Duration::from_secs(5)),
+    );
+    let lower = status_during.to_lowercase();
+    row.target(
+        "`outbox status` shows the relay waiting for the broker",
+        if lower.contains("broker") {
+            "mentions the broker"
+        } else {
+            "does not mention the broker"
+        },
+        lower.contains("broker"),
+    );
+    row.finish(started, Area::Relay);
+}

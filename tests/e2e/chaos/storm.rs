@@ -1,0 +1,128 @@
+//! Scenario 1: a SIGKILL storm. Three sharded relays over PostgreSQL; every 2 s one of them is
+//! SIGKILLed (no shutdown, its leases left behind) and a new process started, while writers
+//! commit events (some rolled back on purpose) throughout. Repeated kills of this kind are
+//! the "process kill" and "repeated kills" scenarios of queue chaos suites.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use super::services::relay;
+use super::tally::{commit_to_publish, count_up, outbox_rows, wait_settled};
+use super::writers::{WriterSpec, Writers};
+use super::{Area, Row, quantile, secs, size};
+use crate::harness::{noida, unique_prefix};
+use crate::support::TestDatabase;
+
+#[test]
+fn chaos_relay_sigkill_storm() {
+    let started = Instant::now();
+    let mut row = Row::new(
+        "relay_sigkill_storm",
+        "Relay SIGKILL storm while writers run",
+        Area::Relay,
+    );
+    let db = TestDatabase::postgres("chaos_storm");
+    let prefix = unique_prefix("storm");
+    let brokers = noida();
+    let events: u64 = size(5_000, 100_000);
+    let rate = size(500.0, 2_000.0);
+    let spec = WriterSpec {
+        threads: 4,
+        pool_size: 4,
+        aggregates: 250,
+        events,
+        rate,
+        hold: Duration::ZERO,
+    };
+    let mut relays: Vec<_> = (0..3)
+        .map(|_| relay(&db.url, &brokers, &prefix, &[]))
+        .collect();
+    let writers = Writers::start(&db.url, &spec);
+    let storm_start = chrono::Utc::now();
+    let mut kills = 0usize;
+    let mut next = Instant::now() + Duration::from_secs(2);
+    while !writers.is_finished() {
+        if Instant::now() >= next {
+            let victim = kills % relays.len();
+            relays[victim].kill();
+            relays[victim] = relay(&db.url, &brokers, &prefix, &[]);
+            kills += 1;
+            next += Duration::from_secs(2);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = writers.join();
+    let storm_end = chrono::Utc::now();
+    let last_write = log.last_commit.expect("the writers committed");
+    // Drain after the last write: no more kills; the relays left finish the backlog.
+    let settled = wait_settled(&db.url, Duration::from_secs(300));
+    let drain_after_last_write = settled.map(|_| last_write.elapsed());
+    let rows = outbox_rows(&db.url);
+    let want: HashSet<String> = rows
+        .iter()
+        .filter(|r| r.published)
+        .map(|r| r.id.clone())
+        .collect();
+    let records = super::reader::read(
+        &brokers,
+        &format!("{prefix}order-lifecycle"),
+        &want,
+        Duration::from_secs(120),
+    );
+    for r in &mut relays {
+        r.terminate();
+    }
+    let (tally, first) = count_up(&rows, &records, Some(&log));
+    let mut latency = commit_to_publish(&rows, &first, &log, Some((storm_start, storm_end)));
+    let median = quantile(&mut latency, 0.5);
+    let p99 = quantile(&mut latency, 0.99);
+    let max = quantile(&mut latency, 1.0);
+    row.tally = tally;
+    row.recover_s = drain_after_last_write.map(|d| d.as_secs_f64());
+    row.recover_means = "from the last write to the backlog drained".into();
+    row.figure("relays", "3 sharded, relay defaults (lease 30 s)");
+    row.figure("kills (SIGKILL, one every 2 s)", kills);
+    row.figure(
+        "writers",
+        format!(
+            "{} threads, {:.0} events/s asked, {:.0} committed/s, {:.1} s",
+            spec.threads,
+            rate,
+            log.committed.len() as f64 / log.elapsed.as_secs_f64(),
+            log.elapsed.as_secs_f64()
+        ),
+    );
+    let fmt = |v: Option<f64>| v.map_or("-".to_owned(), secs);
+    row.figure("commit → publish during the storm, median", fmt(median));
+    row.figure("commit → publish during the storm, p99", fmt(p99));
+    row.figure("commit → publish during the storm, max", fmt(max));
+    row.figure(
+        "drain after the last write",
+        drain_after_last_write.map_or("never (300 s)".into(), |d| {
+            format!("{:.1} s", d.as_secs_f64())
+        }),
+    );
+    row.target(
+        "0 lost, 0 phantom, 0 out of order",
+        tally_line(&row),
+        row.tally.lost == 0 && row.tally.phantom == 0 && row.tally.out_of_order == 0,
+    );
+    row.timing_target(
+        "median commit → publish ≤ 3 s during the storm",
+        fmt(median),
+        median.is_some_and(|m| m <= 3_000.0),
+    );
+    row.timing_target(
+        "drain after the last write ≤ 5 s",
+        drain_after_last_write.map_or("never".into(), |d| format!("{:.1} s", d.as_secs_f64())),
+        drain_after_last_write.is_some_and(|d| d <= Duration::from_secs(5)),
+    );
+    row.finish(started, Area::Relay);
+}
+
+pub fn tally_line(row: &Row) -> String {
+    format!(
+        "{} lost, {} phantom, {} out of order",
+        row.tally.lost, row.tally.phantom, row.tally.out_of_order
+    )
+}
