@@ -8,6 +8,8 @@ use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
 
+use super::watch::{BrokerWatch, WatchContext};
+
 use super::KafkaConfigError;
 use super::publisher::KafkaPublisher;
 use super::record::Router;
@@ -200,10 +202,12 @@ impl KafkaPublisherBuilder {
         for (key, value) in &settings {
             config.set(key, value);
         }
-        let producer = create_producer(&config)?;
+        let watch = Arc::new(BrokerWatch::default());
+        let producer = create_producer(&config, &watch)?;
         Ok(KafkaPublisher::new(
             config,
             producer,
+            watch,
             self.router,
             message_timeout,
         ))
@@ -266,14 +270,19 @@ fn parse_ms(settings: &BTreeMap<String, String>, key: &str) -> Result<u64, Kafka
 }
 
 /// Creates a producer from checked settings; also used to replace one after a fatal error.
-pub(crate) fn create_producer(config: &ClientConfig) -> Result<FutureProducer, KafkaConfigError> {
-    config.create().map_err(|e| match e {
-        KafkaError::ClientConfig(_, reason, key, value) => {
-            KafkaConfigError::Invalid { key, value, reason }
-        }
-        KafkaError::ClientCreation(reason) => KafkaConfigError::Rejected { reason },
-        other => KafkaConfigError::Rejected {
-            reason: other.to_string(),
-        },
-    })
+pub(crate) fn create_producer(
+    config: &ClientConfig,
+    watch: &Arc<BrokerWatch>,
+) -> Result<FutureProducer<WatchContext>, KafkaConfigError> {
+    config
+        .create_with_context(WatchContext(watch.clone()))
+        .map_err(|e| match e {
+            KafkaError::ClientConfig(_, reason, key, value) => {
+                KafkaConfigError::Invalid { key, value, reason }
+            }
+            KafkaError::ClientCreation(reason) => KafkaConfigError::Rejected { reason },
+            other => KafkaConfigError::Rejected {
+                reason: other.to_string(),
+            },
+        })
 }

@@ -117,6 +117,7 @@ mod consumer;
 mod error;
 mod publisher;
 mod record;
+mod watch;
 
 pub use builder::{DEFAULT_MESSAGE_TIMEOUT, KafkaPublisherBuilder};
 pub use consumer::{

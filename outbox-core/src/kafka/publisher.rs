@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
@@ -14,6 +14,7 @@ use super::batch;
 use super::builder::{KafkaPublisherBuilder, create_producer};
 use super::classify;
 use super::record::{self, Router};
+use super::watch::{BrokerWatch, WatchContext};
 use crate::relay::{Delivery, OutboxMessage, Publisher};
 
 /// Extra time, past `message.timeout.ms`, to wait for librdkafka's delivery reports: it scans
@@ -56,12 +57,17 @@ pub struct KafkaPublisher {
     current: RwLock<Current>,
     router: Router,
     message_timeout: Duration,
+    /// Whether librdkafka reported every broker down since the last acknowledged message.
+    watch: Arc<BrokerWatch>,
 }
+
+/// The producer, with the context that feeds the [`BrokerWatch`].
+type WatchedProducer = FutureProducer<WatchContext>;
 
 /// The producer in use, and how many were replaced before it.
 struct Current {
     generation: u64,
-    producer: FutureProducer,
+    producer: WatchedProducer,
 }
 
 impl KafkaPublisher {
@@ -80,7 +86,8 @@ impl KafkaPublisher {
 
     pub(crate) fn new(
         config: ClientConfig,
-        producer: FutureProducer,
+        producer: WatchedProducer,
+        watch: Arc<BrokerWatch>,
         router: Router,
         message_timeout: Duration,
     ) -> Self {
@@ -92,6 +99,7 @@ impl KafkaPublisher {
             }),
             router,
             message_timeout,
+            watch,
         }
     }
 
@@ -179,7 +187,10 @@ impl KafkaPublisher {
     /// What a delivery report (`None`: none came in time) means for the relay.
     fn outcome(&self, topic: &str, report: Option<<DeliveryFuture as Future>::Output>) -> Delivery {
         match report {
-            Some(Ok(Ok(_))) => Delivery::Published,
+            Some(Ok(Ok(_))) => {
+                self.watch.reached();
+                Delivery::Published
+            }
             Some(Ok(Err((e, _)))) => classify::delivery(
                 classify::class_of_error(&e),
                 format!("delivery to topic `{topic}` failed: {e}"),
@@ -200,18 +211,18 @@ impl KafkaPublisher {
         self.message_timeout / 10
     }
 
-    fn current(&self) -> (u64, FutureProducer) {
+    fn current(&self) -> (u64, WatchedProducer) {
         let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
         (current.generation, current.producer.clone())
     }
 
     /// If the producer of `generation` hit a fatal error (it then refuses every message),
     /// replaces it with a new one. Returns the fatal error's description, if any.
-    fn replace_if_fatal(&self, generation: u64, producer: &FutureProducer) -> Option<String> {
+    fn replace_if_fatal(&self, generation: u64, producer: &WatchedProducer) -> Option<String> {
         let (code, reason) = producer.client().fatal_error()?;
         let fatal = format!("{reason} ({code:?})");
         // If the new producer cannot be created, keep the old one: the next publish tries again.
-        let fresh = create_producer(&self.config).ok()?;
+        let fresh = create_producer(&self.config, &self.watch).ok()?;
         let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
         let old = if current.generation == generation {
             current.generation += 1;
@@ -227,7 +238,7 @@ impl KafkaPublisher {
     /// Enqueues one message, waiting (up to `deadline`) while the local queue is full.
     async fn enqueue(
         &self,
-        producer: &FutureProducer,
+        producer: &WatchedProducer,
         topic: &str,
         msg: &OutboxMessage,
         deadline: Instant,
@@ -277,7 +288,7 @@ fn enqueue_error(e: &KafkaError, topic: &str, msg: &OutboxMessage, budget: Durat
 /// flight when it stopped come back to the queue (librdkafka retries them after an
 /// out-of-order-sequence answer) where they would otherwise wait out `message.timeout.ms`.
 async fn await_report(
-    producer: &FutureProducer,
+    producer: &WatchedProducer,
     mut delivery: DeliveryFuture,
     deadline: Instant,
 ) -> Option<<DeliveryFuture as Future>::Output> {
@@ -295,7 +306,7 @@ async fn await_report(
     }
 }
 
-fn drop_in_background(producer: FutureProducer) {
+fn drop_in_background(producer: WatchedProducer) {
     // Dropping a producer purges it and waits for its threads: never on an async worker.
     let spawned = std::thread::Builder::new()
         .name("outbox-kafka-close".into())
@@ -370,6 +381,12 @@ impl Publisher for KafkaPublisher {
             }
         }
         outcomes
+    }
+
+    /// While librdkafka reports every broker down (its `AllBrokersDown` error), until a broker
+    /// acknowledges a message again.
+    fn unavailable(&self) -> Option<String> {
+        self.watch.down()
     }
 }
 

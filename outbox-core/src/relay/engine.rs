@@ -192,12 +192,39 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
 
             // A publish that does not finish in time has an unknown outcome: an outage, not
             // the events' fault. They go back and are published again (at least once).
-            let deliveries = match tokio::time::timeout(
-                self.config.publish_timeout,
-                self.publisher.publish(&batch),
-            )
-            .await
-            {
+            let every = self.liveness_every();
+            let published = {
+                let publish = tokio::time::timeout(
+                    self.config.publish_timeout,
+                    self.publisher.publish(&batch),
+                );
+                let mut publish = pin!(publish);
+                loop {
+                    tokio::select! {
+                        published = &mut publish => break published,
+                        () = tokio::time::sleep(every) => {
+                            // A publish to an unreachable broker lasts until librdkafka's message
+                            // timeout: say meanwhile that the relay waits for the broker, if the
+                            // publisher knows it is unreachable.
+                            if let Some(error) = self.publisher.unavailable()
+                                && self.reported != Some(RelayState::WaitingForBroker)
+                                && heartbeat(
+                                    &mut self.store,
+                                    &self.config,
+                                    &self.stats,
+                                    RelayState::WaitingForBroker,
+                                    Some(error.clone()),
+                                )
+                                .await
+                            {
+                                self.reported = Some(RelayState::WaitingForBroker);
+                                self.last_error = Some(error);
+                            }
+                        }
+                    }
+                }
+            };
+            let deliveries = match published {
                 Ok(d) => d,
                 Err(_) => vec![
                     Delivery::Unavailable(format!(
@@ -261,25 +288,20 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
     /// Returns whether a peer was reaped (its shards or leadership are free now). Errors are
     /// logged only: a database outage shows up (and is waited out) at the next claim.
     async fn liveness(&mut self, state: RelayState) -> bool {
-        let health = RelayHealth {
-            mode: self.config.mode,
+        let last_error = self.last_error.clone();
+        if !heartbeat(
+            &mut self.store,
+            &self.config,
+            &self.stats,
             state,
-            last_error: self.last_error.clone(),
-            track_session: self.config.session_check.is_some(),
-        };
-        let relay = self.config.relay_id.as_str();
-        match self
-            .store
-            .heartbeat(relay, self.config.lease, &health)
-            .await
+            last_error,
+        )
+        .await
         {
-            Ok(()) => self.reported = Some(state),
-            Err(e) => {
-                RelayStats::add(&self.stats.store_errors, 1);
-                tracing::warn!(error = %e, "heartbeat failed");
-                return false;
-            }
+            return false;
         }
+        self.reported = Some(state);
+        let relay = self.config.relay_id.as_str();
         if self.config.session_check.is_none() {
             return false;
         }
@@ -448,6 +470,33 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         }
         RelayStats::add(&self.stats.unavailable, unavailable);
         outage
+    }
+}
+
+/// Writes this relay's health row; `true` if it was written. Errors are logged only.
+async fn heartbeat<S: RelayStore>(
+    store: &mut S,
+    config: &RelayConfig,
+    stats: &RelayStats,
+    state: RelayState,
+    last_error: Option<String>,
+) -> bool {
+    let health = RelayHealth {
+        mode: config.mode,
+        state,
+        last_error,
+        track_session: config.session_check.is_some(),
+    };
+    match store
+        .heartbeat(&config.relay_id, config.lease, &health)
+        .await
+    {
+        Ok(()) => true,
+        Err(e) => {
+            RelayStats::add(&stats.store_errors, 1);
+            tracing::warn!(error = %e, "heartbeat failed");
+            false
+        }
     }
 }
 

@@ -135,10 +135,30 @@ impl Delivery {
 pub trait Publisher: Send + Sync + 'static {
     /// Publishes `batch` and reports each message's outcome.
     fn publish(&self, batch: &[OutboxMessage]) -> impl Future<Output = Vec<Delivery>> + Send;
+
+    /// Whether the broker is known to be unreachable right now, and why: asked while a
+    /// publish is in flight, so that the relay reports itself waiting for the broker (in
+    /// `outbox status`) during an outage, not only once the publish has timed out. The
+    /// default knows nothing (`None`). A hint only: the outcomes of `publish` decide.
+    ///
+    /// ```
+    /// use outbox_core::relay::{MemoryBroker, Publisher};
+    /// let broker = MemoryBroker::new();
+    /// assert_eq!(broker.unavailable(), None);
+    /// broker.set_available(false);
+    /// assert!(broker.unavailable().is_some());
+    /// ```
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
 }
 
 impl<P: Publisher> Publisher for std::sync::Arc<P> {
     fn publish(&self, batch: &[OutboxMessage]) -> impl Future<Output = Vec<Delivery>> + Send {
         (**self).publish(batch)
+    }
+
+    fn unavailable(&self) -> Option<String> {
+        (**self).unavailable()
     }
 }

@@ -386,5 +386,5 @@ async fn chaos_consumer_database_outage() {
         passed_dead,
         passed_dead == 0,
     );
-    row.finish(started, Area::Consumer);
+    row.finish(started);
 }

@@ -169,7 +169,7 @@ fn chaos_postgres_restart_mid_drain() {
     );
     row.figure("delivery resumed after the restart", fmt(resumed));
     row.figure("backlog drained after the restart", fmt(settled));
-    row.finish(started, Area::Relay);
+    row.finish(started);
 }
 
 #[test]
@@ -236,7 +236,7 @@ fn chaos_killed_database_sessions() {
         "drain after the last write",
         settled.map_or("never".into(), |d| format!("{:.1} s", d.as_secs_f64())),
     );
-    row.finish(started, Area::Relay);
+    row.finish(started);
 }
 
 #[test]
@@ -295,5 +295,5 @@ fn chaos_writer_pool_exhaustion() {
         "drain after the last write",
         settled.map_or("never".into(), |d| format!("{:.1} s", d.as_secs_f64())),
     );
-    row.finish(started, Area::Relay);
+    row.finish(started);
 }

@@ -81,8 +81,7 @@ pub fn render(rows: &[Row], setting: &Setting, old: Option<&str>) -> String {
         "The short form (the default) runs in the project's test command; the full form is \
          `OUTBOX_CHAOS=full`. Each scenario asserts in every form that nothing committed is \
          lost, nothing rolled back is published and every aggregate's events arrive in order; \
-         the targets below are measured always and asserted once the fixes they need are merged \
-         (`RELAY_FIXES_MERGED`, `CONSUMER_FIXES_MERGED` in tests/e2e/chaos/mod.rs).\n"
+         the targets below are measured and asserted too (the timing ones in the full form only).\n"
     );
     let _ = writeln!(
         md,

@@ -117,7 +117,7 @@ fn chaos_relay_sigkill_storm() {
         drain_after_last_write.map_or("never".into(), |d| format!("{:.1} s", d.as_secs_f64())),
         drain_after_last_write.is_some_and(|d| d <= Duration::from_secs(5)),
     );
-    row.finish(started, Area::Relay);
+    row.finish(started);
 }
 
 pub fn tally_line(row: &Row) -> String {

@@ -206,6 +206,16 @@ impl Publisher for MemoryBroker {
             })
             .collect()
     }
+
+    fn unavailable(&self) -> Option<String> {
+        if self.down.load(Ordering::SeqCst) {
+            Some("broker unavailable: connection refused".into())
+        } else if self.black_hole.load(Ordering::SeqCst) {
+            Some("broker unavailable: no answer".into())
+        } else {
+            None
+        }
+    }
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
