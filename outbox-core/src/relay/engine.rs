@@ -63,6 +63,8 @@ pub struct Relay<S, P> {
     /// The state last written by a heartbeat, and the last outage error.
     reported: Option<RelayState>,
     last_error: Option<String>,
+    /// The other session using this relay's id, as last logged (see `RelayIdInUse`).
+    id_conflict: Option<String>,
 }
 
 impl<S: RelayStore, P: Publisher> Relay<S, P> {
@@ -78,6 +80,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             rng: SplitMix::seeded(),
             reported: None,
             last_error: None,
+            id_conflict: None,
         })
     }
 
@@ -273,10 +276,24 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             .heartbeat(relay, self.config.lease, &health)
             .await
         {
-            Ok(()) => self.reported = Some(state),
+            Ok(()) => {
+                self.reported = Some(state);
+                if self.id_conflict.take().is_some() {
+                    tracing::info!(relay = %relay, "relay id free again: the other relay with it is gone; working");
+                }
+            }
             Err(e) => {
                 RelayStats::add(&self.stats.store_errors, 1);
-                tracing::warn!(error = %e, "heartbeat failed");
+                match e.relay_id_in_use() {
+                    // A misconfiguration, not an outage: an error, once per change.
+                    Some(conflict) => {
+                        if self.id_conflict.as_deref() != Some(conflict.holder.as_str()) {
+                            tracing::error!(relay = %relay, error = %e, "relay id in use by another live relay; not working until it is gone");
+                            self.id_conflict = Some(conflict.holder.clone());
+                        }
+                    }
+                    None => tracing::warn!(error = %e, "heartbeat failed"),
+                }
                 return false;
             }
         }
