@@ -364,7 +364,12 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         *outage = outage.saturating_add(1);
         RelayStats::add(&self.stats.store_errors, 1);
         let wait = self.config.outage_backoff.delay(*outage, self.rng.unit());
-        tracing::warn!(error = %error, retry_in = ?wait, "outbox store unavailable");
+        if error.relay_id_in_use().is_some() {
+            // Logged as an error by the heartbeat when it began; a reminder while it lasts.
+            tracing::warn!(error = %error, retry_in = ?wait, "relay id in use; waiting");
+        } else {
+            tracing::warn!(error = %error, retry_in = ?wait, "outbox store unavailable");
+        }
         sleep_or_stop(shutdown, stopping, wait).await;
     }
 

@@ -40,7 +40,9 @@
 //! for a moment), none, or no longer alive. Otherwise another live relay uses the id (two
 //! replicas configured with one `--relay-id`, a library config cloned for two relays): the
 //! heartbeat writes nothing and reports [`RelayIdInUse`], and the store refuses to claim,
-//! take shards or lead until a heartbeat succeeds. Two relays with one id would both own
+//! take shards or lead until a heartbeat succeeds (a holder whose `backend_start` is hidden
+//! counts as alive, as for reaping: the safe side, the duplicate waits). Two relays with one
+//! id would both own
 //! every shard of that id and claim from them at once, which breaks the order (see
 //! `CLAIM_ORDERED`).
 
