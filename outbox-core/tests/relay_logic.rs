@@ -558,3 +558,60 @@ fn config_validation_names_the_setting() {
             .contains("round-robin")
     );
 }
+
+/// Two relays configured with one id (one config cloned for both): the second one's
+/// heartbeat finds the id held by the first's live session, so it claims nothing and takes
+/// no shards; the events come out in order, all by one relay. The id is free once the first
+/// relay's session ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_id_in_use_is_refused() {
+    let store = MemoryStore::default();
+    let n = fill(&store, 20, 10);
+    let broker = Arc::new(MemoryBroker::new());
+    let config = fast(Mode::Sharded);
+    let stats = run_relays(
+        &store,
+        &broker,
+        vec![config.clone(), config.clone()],
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(store.is_drained(), "{} pending", store.pending());
+    assert_ordered_and_complete(&broker, n);
+    let claimed: Vec<u64> = stats
+        .iter()
+        .map(|s| s.claimed.load(Ordering::Relaxed))
+        .collect();
+    assert_eq!(
+        claimed.iter().filter(|&&c| c > 0).count(),
+        1,
+        "one relay did the work: {claimed:?}"
+    );
+
+    // At the store: a second session is refused until the first one's ends.
+    let lease = Duration::from_secs(5);
+    let health = RelayHealth {
+        mode: Mode::Sharded,
+        state: RelayState::Running,
+        last_error: None,
+        track_session: true,
+    };
+    let (mut first, mut second) = (store.clone(), store.clone());
+    first.heartbeat("same", lease, &health).await.unwrap();
+    let e = second.heartbeat("same", lease, &health).await.unwrap_err();
+    assert_eq!(e.relay_id_in_use().unwrap().relay_id, "same");
+    assert!(e.to_string().contains("--relay-id"), "{e}");
+    assert!(second.rebalance_shards("same", lease).await.is_err());
+    assert!(second.acquire_leadership("same", lease).await.is_err());
+    store.end_session("same");
+    second.heartbeat("same", lease, &health).await.unwrap();
+    assert_eq!(
+        second
+            .rebalance_shards("same", lease)
+            .await
+            .unwrap()
+            .owned
+            .len(),
+        256
+    );
+}

@@ -96,7 +96,10 @@ struct RelayArgs {
     /// Delete published rows older than this many hours (in batches of 1,000).
     #[arg(long, env = "OUTBOX_RETENTION_HOURS")]
     retention_hours: Option<u64>,
-    /// This relay's id (default: host, pid and a random suffix).
+    /// This relay's id (default: host, pid and a random suffix). Every relay needs its own:
+    /// do not set one value for all replicas. A second live relay with an id in use is
+    /// refused (it logs the conflict and waits) unless `--no-session-check`, where nothing
+    /// can detect it.
     #[arg(long, env = "OUTBOX_RELAY_ID")]
     relay_id: Option<String>,
     /// Prefix for every topic, e.g. `prod.`.

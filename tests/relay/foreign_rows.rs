@@ -6,14 +6,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox::relay::{Backoff, MemoryBroker, Mode, Relay, RelayConfig};
+use outbox::relay::{
+    Backoff, MemoryBroker, Mode, Relay, RelayConfig, RelayStats, default_relay_id,
+};
 
 use crate::backends::Backend;
 
 /// The README's INSERT, for `aggregates` orders × `per` events, interleaved, one statement
-/// per event (as separate programs would write them), then relayed by `relays` sharded relays
-/// through a broker that fails one publish in seven.
-pub async fn foreign_inserts_are_relayed_in_order<B: Backend>(relays: usize) {
+/// per event (as separate programs would write them), then relayed by one sharded relay per
+/// id in `relay_ids` through a broker that fails one publish in seven. Returns each relay's
+/// counters.
+pub async fn foreign_inserts_are_relayed_in_order<B: Backend>(
+    relay_ids: &[String],
+) -> Vec<Arc<RelayStats>> {
     let db = B::database("foreign");
     let (aggregates, per) = (30, 8);
     for n in 0..per {
@@ -67,8 +72,14 @@ pub async fn foreign_inserts_are_relayed_in_order<B: Backend>(relays: usize) {
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut handles = Vec::new();
-    for _ in 0..relays {
-        let relay = Relay::new(B::store(&db), broker.clone(), config.clone()).unwrap();
+    let mut stats = Vec::new();
+    for id in relay_ids {
+        let config = RelayConfig {
+            relay_id: id.clone(),
+            ..config.clone()
+        };
+        let relay = Relay::new(B::store(&db), broker.clone(), config).unwrap();
+        stats.push(relay.stats());
         let mut rx = stop_rx.clone();
         handles.push(tokio::spawn(relay.run(async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -100,34 +111,83 @@ pub async fn foreign_inserts_are_relayed_in_order<B: Backend>(relays: usize) {
             "{key}: in order, once"
         );
     }
+    stats
+}
+
+/// `n` relay ids, each its own.
+fn own_ids(n: usize) -> Vec<String> {
+    (0..n).map(|_| default_relay_id()).collect()
 }
 
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_foreign_inserts_are_relayed_in_order() {
-    foreign_inserts_are_relayed_in_order::<crate::backends::Postgres>(1).await;
+    foreign_inserts_are_relayed_in_order::<crate::backends::Postgres>(&own_ids(1)).await;
 }
 
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_foreign_inserts_are_relayed_in_order() {
-    foreign_inserts_are_relayed_in_order::<crate::backends::Mysql>(1).await;
+    foreign_inserts_are_relayed_in_order::<crate::backends::Mysql>(&own_ids(1)).await;
 }
 
-/// The same with two sharded relays on PostgreSQL: in about half the runs one aggregate's
-/// events came out of order (e.g. `[0, 3, 4, 1, 2, 5, 6, 7]`; on MariaDB in one run of four,
-/// `[1, 2, 0, 3, …]`), with rows written by
-/// `transaction_with_outbox` as well and without the `row_checks`/`insert_defaults`
-/// migrations, never with one relay. The likely cause (not yet proven): a claim of 50 rows
-/// cuts aggregates in the middle; while shards move between the two relays, both can claim from one shard at once, and a
-/// claim that waited on the other's row locks re-checks only the rows it waited for (READ
-/// COMMITTED), not the head-of-line condition of the later rows it keeps. A reproducer for the
-/// relay's ordered claim, kept out of the default run until that is fixed.
+/// The same with two sharded relays, each with its own id, five times over. This failed in
+/// about half the runs (one aggregate's events out of order, e.g. `[0, 1, 2, 3, 6, 4, 5, 7]`)
+/// while the two relays were built from one cloned `RelayConfig` and so shared its default
+/// `relay_id`: one owner as far as the database knows, both held every shard and claimed from
+/// the same shard at once, and a claim that waited on the other's row locks re-checks only the
+/// rows it waited for (READ COMMITTED), not the head-of-line condition of the later rows it
+/// keeps (see `CLAIM_ORDERED`). With distinct ids the shard leases keep the claims apart.
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "reproduces a reordering of the ordered claim during shard handover (two relays); run with --ignored"]
 async fn postgres_two_sharded_relays_keep_order() {
     for _ in 0..5 {
-        foreign_inserts_are_relayed_in_order::<crate::backends::Postgres>(2).await;
+        foreign_inserts_are_relayed_in_order::<crate::backends::Postgres>(&own_ids(2)).await;
     }
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_two_sharded_relays_keep_order() {
+    for _ in 0..3 {
+        foreign_inserts_are_relayed_in_order::<crate::backends::Mysql>(&own_ids(2)).await;
+    }
+}
+
+/// Two relays misconfigured with one id (one `--relay-id` for every replica, or one config
+/// cloned for both): the second one's heartbeat finds the id held by the first's live session
+/// and its store refuses to claim or take shards, so the events still come out in order and
+/// the duplicate did no work.
+async fn shared_relay_id_is_refused<B: Backend>() {
+    for _ in 0..3 {
+        let id = default_relay_id();
+        let stats = foreign_inserts_are_relayed_in_order::<B>(&[id.clone(), id.clone()]).await;
+        let worked: Vec<u64> = stats
+            .iter()
+            .map(|s| s.claimed.load(std::sync::atomic::Ordering::Relaxed))
+            .collect();
+        assert_eq!(
+            worked.iter().filter(|&&n| n > 0).count(),
+            1,
+            "one relay worked, the duplicate claimed nothing: {worked:?}"
+        );
+        let idle = stats
+            .iter()
+            .find(|s| s.claimed.load(std::sync::atomic::Ordering::Relaxed) == 0)
+            .unwrap();
+        assert_eq!(idle.shards.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert!(idle.store_errors.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_shared_relay_id_is_refused() {
+    shared_relay_id_is_refused::<crate::backends::Postgres>().await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_shared_relay_id_is_refused() {
+    shared_relay_id_is_refused::<crate::backends::Mysql>().await;
 }

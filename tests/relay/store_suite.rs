@@ -500,6 +500,133 @@ pub async fn heartbeat_and_reap<B: Backend>() {
     );
 }
 
+/// Two stores with one relay id on different connections (two processes configured with
+/// one `--relay-id`): the first keeps the id; the second's heartbeat reports the conflict,
+/// naming the id, the other session and the fix, and its claims, rebalances and leadership
+/// are refused and its `release_all` leaves the first's leases alone, until the first's
+/// session ends; then the second takes the id within about a heartbeat.
+pub async fn relay_id_in_use_is_refused<B: Backend>() {
+    if !B::SESSIONS {
+        return; // SQLite: one relay by design, no sessions to compare
+    }
+    let db = B::database("relayid");
+    B::fill(&db, 4, 1);
+    let (mut first, mut second) = (B::store(&db), B::store(&db));
+    let beat = health(Mode::Sharded, RelayState::Running, true);
+    first.heartbeat("same", LEASE, &beat).await.unwrap();
+    assert_eq!(
+        first
+            .rebalance_shards("same", LEASE)
+            .await
+            .unwrap()
+            .owned
+            .len(),
+        256
+    );
+
+    let e = second.heartbeat("same", LEASE, &beat).await.unwrap_err();
+    let conflict = e
+        .relay_id_in_use()
+        .expect("the heartbeat reports the id in use");
+    assert_eq!(conflict.relay_id, "same");
+    let message = e.to_string();
+    for part in ["`same`", "--relay-id", "OUTBOX_RELAY_ID", "leave it unset"] {
+        assert!(message.contains(part), "{part} in: {message}");
+    }
+    assert!(
+        conflict.holder.contains("PostgreSQL backend pid ")
+            || conflict.holder.contains("MySQL connection id "),
+        "names the other session: {message}"
+    );
+    let refused = [
+        second
+            .claim(&ordered("same", 100, true, false, true))
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+        second
+            .rebalance_shards("same", LEASE)
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+        second
+            .acquire_leadership("same", LEASE)
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+    ];
+    for e in refused {
+        assert_eq!(e.relay_id_in_use(), Some(conflict), "{e}");
+        assert!(e.to_string().contains("--relay-id"), "{e}");
+    }
+
+    // The first keeps working, and the duplicate's shutdown does not touch its leases.
+    first.heartbeat("same", LEASE, &beat).await.unwrap();
+    assert_eq!(
+        first
+            .claim(&ordered("same", 100, true, false, true))
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
+    second.release_all("same").await.unwrap();
+    assert_eq!(
+        B::count(
+            &db,
+            "SELECT COUNT(*) AS n FROM outbox_events WHERE locked_by = 'same'"
+        ),
+        4
+    );
+    assert_eq!(
+        B::count(
+            &db,
+            "SELECT COUNT(*) AS n FROM outbox_shard_leases WHERE owner = 'same'"
+        ),
+        256
+    );
+    assert_eq!(
+        B::count(
+            &db,
+            "SELECT COUNT(*) AS n FROM outbox_relays WHERE relay_id = 'same'"
+        ),
+        1
+    );
+
+    // The first's connection closes (its process ended): the id is free within a heartbeat.
+    drop(first);
+    let gone = std::time::Instant::now();
+    loop {
+        match second.heartbeat("same", LEASE, &beat).await {
+            Ok(()) => break,
+            Err(e) => {
+                assert!(e.relay_id_in_use().is_some(), "{e}");
+                assert!(
+                    gone.elapsed() < Duration::from_secs(3),
+                    "the id is still refused {:?} after its holder ended: {e}",
+                    gone.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    eprintln!("relay id free {:?} after its holder ended", gone.elapsed());
+    assert_eq!(
+        second
+            .rebalance_shards("same", LEASE)
+            .await
+            .unwrap()
+            .owned
+            .len(),
+        256
+    );
+    second
+        .claim(&ordered("same", 100, true, false, true))
+        .await
+        .unwrap();
+    assert!(second.acquire_leadership("same", LEASE).await.unwrap());
+}
+
 /// Rows of a shape the relay cannot publish (written by other programs, before the
 /// constraints that refuse them) are dead-lettered at once with a `last_error` naming the
 /// column and value, never published with a field dropped; the later events of their
@@ -616,6 +743,10 @@ macro_rules! store_suite {
         #[tokio::test]
         async fn heartbeat_and_reap() {
             s::heartbeat_and_reap::<$backend>().await;
+        }
+        #[tokio::test]
+        async fn relay_id_in_use_is_refused() {
+            s::relay_id_in_use_is_refused::<$backend>().await;
         }
         #[tokio::test]
         async fn malformed_rows_are_dead_lettered() {

@@ -111,8 +111,27 @@ pub struct Retention {
 /// ```
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
-    /// This relay's id (`locked_by`, lease owner). Unique per process; the default is the
-    /// host name, process id and a random suffix.
+    /// This relay's id (`locked_by`, lease owner, the shard and leadership leases). **Every
+    /// relay needs its own**: the default ([`default_relay_id`]) is the host name, process id
+    /// and a random suffix, drawn once when the config is made, so a config cloned (or built
+    /// with `..base`) for a second relay shares it; give each relay
+    /// `relay_id: default_relay_id()` (or its own name).
+    ///
+    /// Two relays with one id are one owner to the database: both hold every shard it owns
+    /// and claim from them at once, and an aggregate's later event can then be published
+    /// before an earlier one. With [`session_check`](Self::session_check) on (the default;
+    /// PostgreSQL and MySQL/MariaDB) the store detects a second live relay with an id in use
+    /// and refuses to work for it ([`RelayIdInUse`](super::RelayIdInUse), logged as an error)
+    /// until the first one is gone. With `session_check: None` (behind a transaction pooler)
+    /// nothing can detect it: then the ids must be unique by construction.
+    ///
+    /// ```
+    /// use outbox_core::relay::{RelayConfig, default_relay_id};
+    /// let base = RelayConfig::default();
+    /// let first = RelayConfig { relay_id: default_relay_id(), ..base.clone() };
+    /// let second = RelayConfig { relay_id: default_relay_id(), ..base };
+    /// assert_ne!(first.relay_id, second.relay_id);
+    /// ```
     pub relay_id: String,
     /// How relays share the work.
     pub mode: Mode,
@@ -303,7 +322,8 @@ impl RelayConfig {
     }
 }
 
-/// `host-pid-random`: unique per process, readable in `locked_by` and `outbox status`.
+/// `host-pid-random`: a fresh id on every call, readable in `locked_by` and `outbox status`.
+/// Use it for each relay of a process that runs several (see [`RelayConfig::relay_id`]).
 pub fn default_relay_id() -> String {
     let host = std::env::var("HOSTNAME")
         .ok()

@@ -63,6 +63,8 @@ pub struct Relay<S, P> {
     /// The state last written by a heartbeat, and the last outage error.
     reported: Option<RelayState>,
     last_error: Option<String>,
+    /// The other session using this relay's id, as last logged (see `RelayIdInUse`).
+    id_conflict: Option<String>,
 }
 
 impl<S: RelayStore, P: Publisher> Relay<S, P> {
@@ -78,6 +80,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             rng: SplitMix::seeded(),
             reported: None,
             last_error: None,
+            id_conflict: None,
         })
     }
 
@@ -211,11 +214,11 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                                 && heartbeat(
                                     &mut self.store,
                                     &self.config,
-                                    &self.stats,
                                     RelayState::WaitingForBroker,
                                     Some(error.clone()),
                                 )
                                 .await
+                                .is_ok()
                             {
                                 self.reported = Some(RelayState::WaitingForBroker);
                                 self.last_error = Some(error);
@@ -288,20 +291,30 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
     /// Returns whether a peer was reaped (its shards or leadership are free now). Errors are
     /// logged only: a database outage shows up (and is waited out) at the next claim.
     async fn liveness(&mut self, state: RelayState) -> bool {
-        let last_error = self.last_error.clone();
-        if !heartbeat(
-            &mut self.store,
-            &self.config,
-            &self.stats,
-            state,
-            last_error,
-        )
-        .await
-        {
-            return false;
-        }
-        self.reported = Some(state);
         let relay = self.config.relay_id.as_str();
+        let last_error = self.last_error.clone();
+        match heartbeat(&mut self.store, &self.config, state, last_error).await {
+            Ok(()) => {
+                self.reported = Some(state);
+                if self.id_conflict.take().is_some() {
+                    tracing::info!(relay = %relay, "relay id free again: the other relay with it is gone; working");
+                }
+            }
+            Err(e) => {
+                RelayStats::add(&self.stats.store_errors, 1);
+                match e.relay_id_in_use() {
+                    // A misconfiguration, not an outage: an error, once per change.
+                    Some(conflict) => {
+                        if self.id_conflict.as_deref() != Some(conflict.holder.as_str()) {
+                            tracing::error!(relay = %relay, error = %e, "relay id in use by another live relay; not working until it is gone");
+                            self.id_conflict = Some(conflict.holder.clone());
+                        }
+                    }
+                    None => tracing::warn!(error = %e, "heartbeat failed"),
+                }
+                return false;
+            }
+        }
         if self.config.session_check.is_none() {
             return false;
         }
@@ -369,7 +382,12 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         *outage = outage.saturating_add(1);
         RelayStats::add(&self.stats.store_errors, 1);
         let wait = self.config.outage_backoff.delay(*outage, self.rng.unit());
-        tracing::warn!(error = %error, retry_in = ?wait, "outbox store unavailable");
+        if error.relay_id_in_use().is_some() {
+            // Logged as an error by the heartbeat when it began; a reminder while it lasts.
+            tracing::warn!(error = %error, retry_in = ?wait, "relay id in use; waiting");
+        } else {
+            tracing::warn!(error = %error, retry_in = ?wait, "outbox store unavailable");
+        }
         sleep_or_stop(shutdown, stopping, wait).await;
     }
 
@@ -473,31 +491,22 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
     }
 }
 
-/// Writes this relay's health row; `true` if it was written. Errors are logged only.
+/// Writes this relay's health row.
 async fn heartbeat<S: RelayStore>(
     store: &mut S,
     config: &RelayConfig,
-    stats: &RelayStats,
     state: RelayState,
     last_error: Option<String>,
-) -> bool {
+) -> Result<(), StoreError> {
     let health = RelayHealth {
         mode: config.mode,
         state,
         last_error,
         track_session: config.session_check.is_some(),
     };
-    match store
+    store
         .heartbeat(&config.relay_id, config.lease, &health)
         .await
-    {
-        Ok(()) => true,
-        Err(e) => {
-            RelayStats::add(&stats.store_errors, 1);
-            tracing::warn!(error = %e, "heartbeat failed");
-            false
-        }
-    }
 }
 
 async fn sleep_or_stop(

@@ -28,4 +28,6 @@ pub use publisher::{Delivery, OutboxMessage, Publisher};
 pub use stats::RelayStats;
 #[cfg(feature = "kafka")]
 pub(crate) use stats::SplitMix;
-pub use store::{Claim, ClaimOrder, Completion, Failure, RelayStore, ShardAssignment, StoreError};
+pub use store::{
+    Claim, ClaimOrder, Completion, Failure, RelayIdInUse, RelayStore, ShardAssignment, StoreError,
+};

@@ -105,6 +105,63 @@ impl std::error::Error for StoreError {
     }
 }
 
+impl StoreError {
+    /// The store refused to work because another live relay uses this relay's id (see
+    /// [`RelayIdInUse`]).
+    pub fn relay_id_in_use(&self) -> Option<&RelayIdInUse> {
+        self.source.downcast_ref()
+    }
+}
+
+/// Another live relay, on another database session, uses this relay's id.
+///
+/// Two relays with one id are one owner as far as the database knows: both would hold every
+/// shard (or the leadership) and claim from them at once, which breaks the per-aggregate
+/// order. A store that records relay sessions (PostgreSQL, MySQL/MariaDB with
+/// [`RelayConfig::session_check`](super::RelayConfig::session_check) on) detects it at the
+/// heartbeat and then refuses to claim, take shards or lead (each returns a [`StoreError`]
+/// with this as its source) until a later heartbeat finds the id free again: the relay that
+/// had the id first keeps working, the duplicate waits as in an outage.
+///
+/// ```
+/// use outbox_core::relay::{RelayIdInUse, StoreError};
+/// let e = StoreError::new("claim", RelayIdInUse::new("relay-1", "PostgreSQL backend pid 42"));
+/// assert_eq!(e.relay_id_in_use().unwrap().relay_id, "relay-1");
+/// assert!(e.to_string().contains("give every relay its own --relay-id"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayIdInUse {
+    /// The relay id in use.
+    pub relay_id: String,
+    /// The other relay's session, e.g. `PostgreSQL backend pid 4242, client 10.0.0.7`.
+    pub holder: String,
+}
+
+impl RelayIdInUse {
+    /// `relay_id` is in use by the session described by `holder`.
+    pub fn new(relay_id: impl Into<String>, holder: impl Into<String>) -> Self {
+        RelayIdInUse {
+            relay_id: relay_id.into(),
+            holder: holder.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for RelayIdInUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "relay id `{}` is in use by another live relay ({}); this relay claims nothing and \
+             takes no shards or leadership while it is: give every relay its own --relay-id / \
+             OUTBOX_RELAY_ID, or leave it unset",
+            self.relay_id, self.holder
+        )
+    }
+}
+
+impl std::error::Error for RelayIdInUse {}
+
 /// The relay's view of the database. Every method is one short, committed unit of work:
 /// the relay never holds a transaction, a row lock or a connection checkout across a
 /// publish.
@@ -172,6 +229,12 @@ pub trait RelayStore: Send + 'static {
     /// The relay calls it on its liveness cadence
     /// ([`RelayConfig::session_check`](super::RelayConfig::session_check), else a third of
     /// its lease) and whenever its state changes. The default does nothing.
+    ///
+    /// A store that records sessions must not take over the row of a relay with the same id
+    /// whose recorded session is another, live one: it then returns a [`StoreError`] whose
+    /// [`relay_id_in_use`](StoreError::relay_id_in_use) says so, and refuses `claim`,
+    /// `rebalance_shards` and `acquire_leadership` (and does nothing in `release_all`) until a
+    /// later heartbeat succeeds.
     fn heartbeat(
         &mut self,
         relay: &str,

@@ -3,6 +3,44 @@
 use outbox_core::Headers;
 use outbox_core::relay::{Failure, OutboxMessage, StoreError};
 
+/// What a store that records relay sessions keeps to guard its relay's id: the last
+/// heartbeat (repeated on every new connection, before anything else runs on it) and whether
+/// another live relay holds the id.
+#[derive(Default)]
+pub(crate) struct IdGuard {
+    /// The relay id, lease and health of the last heartbeat that tracks its session.
+    pub beat: Option<(String, std::time::Duration, outbox_core::relay::RelayHealth)>,
+    /// Set when a heartbeat found the id in use by another live session; cleared by one
+    /// that recorded this store's session.
+    pub in_use: Option<outbox_core::relay::RelayIdInUse>,
+}
+
+impl IdGuard {
+    /// Remembers `health` (when it tracks the session) for the next connection.
+    pub fn remember(
+        &mut self,
+        relay: &str,
+        lease: std::time::Duration,
+        health: &outbox_core::relay::RelayHealth,
+    ) {
+        if health.track_session {
+            self.beat = Some((relay.to_owned(), lease, health.clone()));
+        } else {
+            // Nothing recorded, nothing to guard (and nothing detectable).
+            self.beat = None;
+            self.in_use = None;
+        }
+    }
+
+    /// `Err` while another live relay holds the id: `op` must not run.
+    pub fn refuse(&self, op: &'static str) -> Result<(), StoreError> {
+        match &self.in_use {
+            Some(c) => Err(StoreError::new(op, c.clone())),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A store that cannot connect, with what to do about it.
 pub type ConnectError = StoreError;
 

@@ -14,7 +14,7 @@ use outbox_core::relay::{
 };
 
 use super::common::{
-    ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, Malformed, ShardRow, connect_error,
+    ClaimedColumns, CountRow, HolderRow, IN_LIST_MAX, IdGuard, Malformed, ShardRow, connect_error,
     fair_share, micros, parse_id, placeholders, settle_malformed, split_malformed,
 };
 use super::mysql_sessions;
@@ -340,8 +340,10 @@ pub struct MysqlRelayStore {
     conn: Option<AsyncMysqlConnection>,
     /// When the current connection was made (reaping waits `REAP_GRACE` after it).
     connected_at: Option<std::time::Instant>,
-    /// The relay whose session lock this store's connection holds.
-    session_of: Option<String>,
+    /// The relay id this store heartbeats for, and whether another live relay holds it.
+    guard: IdGuard,
+    /// The ids of this store's connections, the current and recent ones.
+    own_connections: Vec<i64>,
 }
 
 impl MysqlRelayStore {
@@ -352,7 +354,8 @@ impl MysqlRelayStore {
             url: url.into(),
             conn: None,
             connected_at: None,
-            session_of: None,
+            guard: IdGuard::default(),
+            own_connections: Vec::new(),
         }
     }
 
@@ -382,12 +385,20 @@ impl MysqlRelayStore {
                     .await
                     .map_err(|e| StoreError::new("configure the session", e))?;
             }
-            if let Some(relay) = &self.session_of {
+            if let Some((relay, lease, health)) = &self.guard.beat {
                 // A new connection: take the relay's session lock at once, before a peer
-                // takes the old connection's end for this relay's death.
-                mysql_sessions::take_lock(&mut conn, relay)
-                    .await
-                    .map_err(|e| StoreError::new("take the relay's session lock", e))?;
+                // takes the old connection's end for this relay's death, and before anything
+                // else runs on it, so that it never claims for an id another live relay
+                // holds.
+                self.guard.in_use = mysql_sessions::heartbeat(
+                    &mut conn,
+                    relay,
+                    *lease,
+                    health,
+                    &mut self.own_connections,
+                )
+                .await
+                .map_err(|e| StoreError::new("take the relay's session lock", e))?;
             }
             self.connected_at = Some(std::time::Instant::now());
             self.conn = Some(conn);
@@ -585,6 +596,8 @@ async fn rebalance_in(
 
 impl RelayStore for MysqlRelayStore {
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
+        self.conn().await?;
+        self.guard.refuse("claim")?;
         let conn = self.conn().await?;
         match in_transaction!(conn, async |conn| claim_in(conn, claim).await) {
             Ok(rows) => {
@@ -688,6 +701,8 @@ impl RelayStore for MysqlRelayStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let lease = micros(lease);
+        self.conn().await?;
+        self.guard.refuse("acquire leadership")?;
         let conn = self.conn().await?;
         let r = in_transaction!(conn, async |conn| {
             diesel::sql_query(LEAD)
@@ -714,6 +729,8 @@ impl RelayStore for MysqlRelayStore {
         lease: Duration,
     ) -> Result<ShardAssignment, StoreError> {
         let lease = micros(lease);
+        self.conn().await?;
+        self.guard.refuse("rebalance shards")?;
         let conn = self.conn().await?;
         let r = match heartbeat(conn, relay, lease).await {
             Ok(()) => {
@@ -725,6 +742,10 @@ impl RelayStore for MysqlRelayStore {
     }
 
     async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
+        if self.guard.in_use.is_some() {
+            // The leases of this id are the other relay's: leave them alone.
+            return Ok(());
+        }
         let conn = self.conn().await?;
         let r = in_transaction!(conn, async |conn| {
             for sql in [
@@ -749,17 +770,29 @@ impl RelayStore for MysqlRelayStore {
         lease: Duration,
         health: &RelayHealth,
     ) -> Result<(), StoreError> {
-        self.session_of = health.track_session.then(|| relay.to_owned());
-        let conn = self.conn().await?;
-        let r = mysql_sessions::heartbeat(conn, relay, lease, health).await;
-        self.check("heartbeat", r)
+        self.guard.remember(relay, lease, health);
+        // A new connection repeats the heartbeat just remembered as it connects.
+        let fresh = self.conn.is_none() && self.guard.beat.is_some();
+        self.conn().await?;
+        if !fresh {
+            let conn = self
+                .conn
+                .as_mut()
+                .ok_or_else(|| StoreError::new("connect", "no connection"))?;
+            let r =
+                mysql_sessions::heartbeat(conn, relay, lease, health, &mut self.own_connections)
+                    .await;
+            self.guard.in_use = self.check("heartbeat", r)?;
+        }
+        self.guard.refuse("heartbeat")
     }
 
     async fn reap_dead_relays(&mut self, relay: &str) -> Result<Vec<String>, StoreError> {
         self.conn().await?;
-        if self
-            .connected_at
-            .is_none_or(|at| at.elapsed() < mysql_sessions::REAP_GRACE)
+        if self.guard.in_use.is_some()
+            || self
+                .connected_at
+                .is_none_or(|at| at.elapsed() < mysql_sessions::REAP_GRACE)
         {
             return Ok(Vec::new());
         }

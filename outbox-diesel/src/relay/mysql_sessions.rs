@@ -6,9 +6,22 @@
 //! limited to 64, and the database name keeps relays of two databases on one server apart).
 //! The server releases it when the connection ends, so a relay is dead when
 //! `IS_USED_LOCK(name) IS NULL`. The lock is taken again with every heartbeat if the
-//! connection does not hold it (after a reconnect); while another connection still holds it
-//! (the relay's old connection, not yet closed on the server) the heartbeat records no lock,
-//! so the relay is then subject to the lease rule only, never reaped by mistake.
+//! connection does not hold it (after a reconnect: a new connection heartbeats before
+//! anything else runs on it); while the relay's old connection, not yet closed on the
+//! server, still holds it the heartbeat records no lock, so the relay is then subject to the
+//! lease rule only, never reaped by mistake, until the old connection is gone and the lock
+//! is taken again.
+//!
+//! **One id, one live relay.** If the lock is held by a connection that is not one of this
+//! store's (another live relay uses the id: two replicas configured with one `--relay-id`, a
+//! library config cloned for two relays), the heartbeat writes nothing and reports
+//! [`RelayIdInUse`], and the store refuses to claim, take shards or lead until a heartbeat
+//! takes the lock. Two relays with one id would both own every shard of that id and claim
+//! from them at once, which breaks the order (see `CLAIM_ORDERED` in `pg`). Connection ids
+//! are unique while the server runs; after a server restart a new connection may get the id
+//! of one of this store's old ones, which the store would then take for its own old
+//! connection: it records no lock (lease rule) but is not refused. Only a duplicate id can
+//! meet that, and only right after a restart.
 //!
 //! A SIGKILLed relay's connection is closed by its kernel and the server frees its lock at
 //! once. A paused or partitioned relay keeps its connection, so it is not reaped and is fenced
@@ -33,19 +46,21 @@
 
 use std::time::Duration;
 
-use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl};
-use outbox_core::relay::RelayHealth;
+use outbox_core::relay::{RelayHealth, RelayIdInUse};
 
 use super::common::{IN_LIST_MAX, micros, mode_name, placeholders};
 
 pub(super) use super::common::REAP_GRACE;
 
-/// Holds the relay's session lock (if this connection does not already): `held` 1 or 0, and
-/// the lock's name.
+/// Holds the relay's session lock (if this connection does not already): `held` 1 or 0, the
+/// lock's name, the connection holding it and this connection's id.
 const LOCK: &str = "SELECT CAST(CASE WHEN IS_USED_LOCK(t.name) = CONNECTION_ID() THEN 1 \
-                         ELSE COALESCE(GET_LOCK(t.name, 0), 0) END AS SIGNED) AS held, t.name \
+                         ELSE COALESCE(GET_LOCK(t.name, 0), 0) END AS SIGNED) AS held, t.name, \
+            CAST(IS_USED_LOCK(t.name) AS SIGNED) AS holder, \
+            CAST(CONNECTION_ID() AS SIGNED) AS me \
      FROM (SELECT CONCAT('outbox_relay_', SHA1(CONCAT(DATABASE(), '/', ?))) AS name) t";
 
 /// Upserts the relay's row. `state_since` is assigned before `state` (MySQL assigns left to
@@ -65,13 +80,29 @@ const FIND_DEAD: &str = "SELECT relay_id FROM outbox_relays \
      WHERE relay_id <> ? AND session_lock IS NOT NULL AND IS_USED_LOCK(session_lock) IS NULL \
      FOR UPDATE";
 
+/// The client of a connection, if this user may see it.
+const CLIENT: &str = "SELECT HOST AS host FROM information_schema.PROCESSLIST WHERE ID = ?";
+
 #[derive(QueryableByName)]
 struct Lock {
     #[diesel(sql_type = BigInt)]
     held: i64,
     #[diesel(sql_type = Text)]
     name: String,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    holder: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    me: i64,
 }
+
+#[derive(QueryableByName)]
+struct Client {
+    #[diesel(sql_type = Nullable<Text>)]
+    host: Option<String>,
+}
+
+/// How many of a store's connection ids it remembers as its own.
+const OWN_CONNECTIONS: usize = 16;
 
 #[derive(QueryableByName)]
 struct Dead {
@@ -79,27 +110,47 @@ struct Dead {
     relay_id: String,
 }
 
-/// Takes the relay's session lock on this connection; its name if held.
-pub(super) async fn take_lock(
-    conn: &mut AsyncMysqlConnection,
-    relay: &str,
-) -> diesel::QueryResult<Option<String>> {
-    let l = diesel::sql_query(LOCK)
-        .bind::<Text, _>(relay)
-        .get_result::<Lock>(conn)
-        .await?;
-    Ok((l.held == 1).then_some(l.name))
-}
-
-/// Writes the heartbeat row, taking the session lock first when the relay tracks its session.
+/// Writes the heartbeat row, taking the session lock first when the relay tracks its session;
+/// `own` are the ids of this store's connections (this one is added). If another connection
+/// holds the lock, nothing is written and the conflict is returned.
 pub(super) async fn heartbeat(
     conn: &mut AsyncMysqlConnection,
     relay: &str,
     lease: Duration,
     health: &RelayHealth,
-) -> diesel::QueryResult<()> {
+    own: &mut Vec<i64>,
+) -> diesel::QueryResult<Option<RelayIdInUse>> {
     let lock = if health.track_session {
-        take_lock(conn, relay).await?
+        let l = diesel::sql_query(LOCK)
+            .bind::<Text, _>(relay)
+            .get_result::<Lock>(conn)
+            .await?;
+        if !own.contains(&l.me) {
+            if own.len() >= OWN_CONNECTIONS {
+                own.remove(0);
+            }
+            own.push(l.me);
+        }
+        match l.holder {
+            _ if l.held == 1 => Some(l.name),
+            // Another relay's connection holds it.
+            Some(holder) if !own.contains(&holder) => {
+                let client = diesel::sql_query(CLIENT)
+                    .bind::<BigInt, _>(holder)
+                    .get_result::<Client>(conn)
+                    .await
+                    .optional()?
+                    .and_then(|c| c.host);
+                let described = match client {
+                    Some(host) => format!("MySQL connection id {holder}, client {host}"),
+                    None => format!("MySQL connection id {holder}"),
+                };
+                return Ok(Some(RelayIdInUse::new(relay, described)));
+            }
+            // This store's old connection, not yet gone (or the lock was just freed): the
+            // lease rule until a later heartbeat takes the lock.
+            _ => None,
+        }
     } else {
         None
     };
@@ -112,7 +163,7 @@ pub(super) async fn heartbeat(
         .bind::<Nullable<Text>, _>(lock)
         .execute(conn)
         .await
-        .map(|_| ())
+        .map(|_| None)
 }
 
 /// Reaps dead peers in one transaction; returns their ids.

@@ -14,8 +14,8 @@ use outbox_core::relay::{
 use super::pg_sessions;
 
 use super::common::{
-    ClaimedColumns, CountRow, HolderRow, Malformed, ShardRow, connect_error, fair_share, secs,
-    settle_malformed, split_malformed,
+    ClaimedColumns, CountRow, HolderRow, IdGuard, Malformed, ShardRow, connect_error, fair_share,
+    secs, settle_malformed, split_malformed,
 };
 
 /// The channel writers notify and relays listen on.
@@ -63,6 +63,22 @@ pub const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
 /// analyses it) that form was planned as a probe of the `seq` index or of the whole table per
 /// candidate, measured at 20 s to over 5 minutes per claim of 1,000 rows with 100,000
 /// pending; this one stayed at a few milliseconds, analysed or not.
+///
+/// **Two claims on one shard must never run at once.** Under READ COMMITTED a claim that
+/// waited for a row lock re-checks (EvalPlanQual) only the rows it waited for, not the
+/// head-of-line condition of the later rows it keeps: two concurrent claims on one shard can
+/// each take part of an aggregate's run, and one can publish a later event while the other
+/// still holds an earlier one. Found with two sharded relays that shared one `relay_id` (a
+/// config cloned for both): both owned every shard of that id, and an aggregate came out as
+/// `[0, 1, 2, 3, 6, 4, 5, 7]`. What ensures one claimant per shard: the shard (or leadership)
+/// lease names one relay id, and the heartbeat refuses an id another live session holds
+/// (`pg_sessions`), so a second process with the same id claims nothing. A relay whose lease
+/// passed to another while its claim waited cannot act on it either: `statement_timeout`
+/// stays below a third of the lease, the renewal interval. Every new connection of a store
+/// heartbeats before it claims, so no connection claims for an id it was refused. What
+/// remains is outside the guard: with session detection off (`session_check: None`, behind a
+/// transaction pooler) nothing records sessions, so duplicate ids cannot be detected and the
+/// ids must be unique by construction (the default id is).
 pub const CLAIM_ORDERED: &str = "UPDATE outbox_events o \
      SET locked_by = $1, locked_until = now() + make_interval(secs => $2), attempts = o.attempts + 1 \
      WHERE o.seq = ANY(ARRAY(SELECT e.seq FROM outbox_events e \
@@ -183,8 +199,10 @@ pub struct PgRelayStore {
     statement_timeout: Duration,
     /// When the current connection was made (reaping waits `REAP_GRACE` after it).
     connected_at: Option<std::time::Instant>,
-    /// The relay whose session this store records (set by `heartbeat` with session tracking).
-    session_of: Option<String>,
+    /// The relay id this store heartbeats for, and whether another live relay holds it.
+    guard: IdGuard,
+    /// The session the last heartbeat recorded.
+    session: Option<pg_sessions::Session>,
 }
 
 impl PgRelayStore {
@@ -197,7 +215,8 @@ impl PgRelayStore {
             listen: true,
             statement_timeout: Duration::from_secs(10),
             connected_at: None,
-            session_of: None,
+            guard: IdGuard::default(),
+            session: None,
         }
     }
 
@@ -235,14 +254,16 @@ impl PgRelayStore {
             conn.batch_execute(&timeout)
                 .await
                 .map_err(|e| StoreError::new("configure the session", e))?;
-            if let Some(relay) = &self.session_of {
-                // A new backend: say so at once, before a peer takes the old one's exit for
-                // this relay's death (see `pg_sessions`).
-                diesel::sql_query(pg_sessions::REREGISTER)
-                    .bind::<Text, _>(relay)
-                    .execute(&mut conn)
-                    .await
-                    .map_err(|e| StoreError::new("record the relay's session", e))?;
+            if let Some((relay, lease, health)) = &self.guard.beat {
+                // A new backend: record it at once, before a peer takes the old one's exit
+                // for this relay's death, and before anything else runs on it, so that this
+                // connection never claims for an id another live relay holds (see
+                // `pg_sessions`).
+                let beat =
+                    pg_sessions::heartbeat(&mut conn, relay, *lease, health, self.session.as_ref())
+                        .await
+                        .map_err(|e| StoreError::new("record the relay's session", e))?;
+                self.record(beat);
             }
             self.connected_at = Some(std::time::Instant::now());
             self.conn = Some(conn);
@@ -250,6 +271,17 @@ impl PgRelayStore {
         self.conn
             .as_mut()
             .ok_or_else(|| StoreError::new("connect", "no connection"))
+    }
+
+    /// Takes in what a heartbeat found.
+    fn record(&mut self, beat: pg_sessions::Beat) {
+        match beat {
+            pg_sessions::Beat::Ours(session) => {
+                self.session = Some(session);
+                self.guard.in_use = None;
+            }
+            pg_sessions::Beat::InUse(conflict) => self.guard.in_use = Some(conflict),
+        }
     }
 
     /// Passes a result through; after an error the connection is dropped and the next call
@@ -265,6 +297,8 @@ impl PgRelayStore {
 impl RelayStore for PgRelayStore {
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
         let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX);
+        self.conn().await?;
+        self.guard.refuse("claim")?;
         let conn = self.conn().await?;
         let r = match claim.order {
             ClaimOrder::Unordered => {
@@ -349,6 +383,8 @@ impl RelayStore for PgRelayStore {
         relay: &str,
         lease: Duration,
     ) -> Result<bool, StoreError> {
+        self.conn().await?;
+        self.guard.refuse("acquire leadership")?;
         let conn = self.conn().await?;
         let r = diesel::sql_query(LEAD)
             .bind::<Text, _>(relay)
@@ -364,6 +400,8 @@ impl RelayStore for PgRelayStore {
         relay: &str,
         lease: Duration,
     ) -> Result<ShardAssignment, StoreError> {
+        self.conn().await?;
+        self.guard.refuse("rebalance shards")?;
         let conn = self.conn().await?;
         let r = async {
             diesel::sql_query(HEARTBEAT)
@@ -415,6 +453,10 @@ impl RelayStore for PgRelayStore {
     }
 
     async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
+        if self.guard.in_use.is_some() {
+            // The leases of this id are the other relay's: leave them alone.
+            return Ok(());
+        }
         let conn = self.conn().await?;
         let r = async {
             for sql in [
@@ -440,17 +482,25 @@ impl RelayStore for PgRelayStore {
         lease: Duration,
         health: &RelayHealth,
     ) -> Result<(), StoreError> {
-        self.session_of = health.track_session.then(|| relay.to_owned());
+        self.guard.remember(relay, lease, health);
+        // A new connection repeats the heartbeat just remembered as it connects.
+        let fresh = self.conn.is_none() && self.guard.beat.is_some();
+        let previous = self.session.clone();
         let conn = self.conn().await?;
-        let r = pg_sessions::heartbeat(conn, relay, lease, health).await;
-        self.check("heartbeat", r)
+        if !fresh {
+            let r = pg_sessions::heartbeat(conn, relay, lease, health, previous.as_ref()).await;
+            let beat = self.check("heartbeat", r)?;
+            self.record(beat);
+        }
+        self.guard.refuse("heartbeat")
     }
 
     async fn reap_dead_relays(&mut self, relay: &str) -> Result<Vec<String>, StoreError> {
         self.conn().await?;
-        if self
-            .connected_at
-            .is_none_or(|at| at.elapsed() < pg_sessions::REAP_GRACE)
+        if self.guard.in_use.is_some()
+            || self
+                .connected_at
+                .is_none_or(|at| at.elapsed() < pg_sessions::REAP_GRACE)
         {
             return Ok(Vec::new());
         }

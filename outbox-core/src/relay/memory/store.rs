@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use super::lock;
 use crate::relay::{
-    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayState, RelayStore,
-    ShardAssignment, StoreError,
+    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayIdInUse, RelayState,
+    RelayStore, ShardAssignment, StoreError,
 };
 use crate::{NewMessage, SHARD_COUNT};
 
@@ -32,22 +32,46 @@ struct State {
     relays: HashMap<String, Instant>,
     health: HashMap<String, HealthRow>,
     fail_next: usize,
+    /// The last clone's handle (the first store is 0).
+    handles: u64,
 }
 
 /// A relay's heartbeat row.
 #[derive(Debug, Clone)]
 struct HealthRow {
     health: RelayHealth,
-    /// `Some(alive)` when the relay tracks its session.
-    session: Option<bool>,
+    /// `Some((handle, alive))` when the relay tracks its session: the store handle that
+    /// heartbeats for it stands for its database session.
+    session: Option<(u64, bool)>,
 }
 
 /// An outbox in memory implementing [`RelayStore`] with the same semantics as the SQL
 /// stores (leases, fencing, head-of-line blocking per aggregate, shard and leader leases),
 /// for testing the relay's logic. Clones share the same outbox.
-#[derive(Debug, Clone, Default)]
+///
+/// Each clone stands for one database session, as each SQL store has its own connection: a
+/// heartbeat that tracks its session is refused ([`RelayIdInUse`]) while another clone's
+/// live session holds the relay id, and the clone then refuses claims, shards and leadership,
+/// as the SQL stores do. [`end_session`](Self::end_session) ends a relay's session.
+#[derive(Debug, Default)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
+    /// This clone's session.
+    handle: u64,
+    /// Set while another clone's live session holds the relay id this clone heartbeats for.
+    in_use: Option<RelayIdInUse>,
+}
+
+impl Clone for MemoryStore {
+    fn clone(&self) -> Self {
+        let mut s = lock(&self.state);
+        s.handles += 1;
+        MemoryStore {
+            state: self.state.clone(),
+            handle: s.handles,
+            in_use: None,
+        }
+    }
 }
 
 impl MemoryStore {
@@ -113,15 +137,23 @@ impl MemoryStore {
     /// replaces it, if it tracked its session. A later heartbeat opens a new session.
     pub fn end_session(&self, relay: &str) {
         if let Some(h) = lock(&self.state).health.get_mut(relay)
-            && h.session.is_some()
+            && let Some((handle, _)) = h.session
         {
-            h.session = Some(false);
+            h.session = Some((handle, false));
         }
     }
 
     /// Makes the next `n` store calls fail, as if the database were unreachable.
     pub fn fail_next_calls(&self, n: usize) {
         lock(&self.state).fail_next = n;
+    }
+
+    /// `Err` while another clone's live session holds the relay id.
+    fn refuse(&self, operation: &'static str) -> Result<(), StoreError> {
+        match &self.in_use {
+            Some(c) => Err(StoreError::new(operation, c.clone())),
+            None => Ok(()),
+        }
     }
 
     fn enter(&self, operation: &'static str) -> Result<MutexGuard<'_, State>, StoreError> {
@@ -161,6 +193,7 @@ fn to_message(seq: i64, row: &Row) -> OutboxMessage {
 
 impl RelayStore for MemoryStore {
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
+        self.refuse("claim")?;
         let mut s = self.enter("claim")?;
         let now = Instant::now();
         let relay = claim.relay;
@@ -309,6 +342,7 @@ impl RelayStore for MemoryStore {
         relay: &str,
         lease: Duration,
     ) -> Result<bool, StoreError> {
+        self.refuse("acquire leadership")?;
         let mut s = self.enter("acquire leadership")?;
         let now = Instant::now();
         let free = match &s.leader {
@@ -326,6 +360,7 @@ impl RelayStore for MemoryStore {
         relay: &str,
         lease: Duration,
     ) -> Result<ShardAssignment, StoreError> {
+        self.refuse("rebalance shards")?;
         let mut s = self.enter("rebalance shards")?;
         let now = Instant::now();
         s.relays.insert(relay.to_owned(), now + lease);
@@ -367,6 +402,9 @@ impl RelayStore for MemoryStore {
     }
 
     async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
+        if self.in_use.is_some() {
+            return Ok(()); // the id's leases are the other relay's
+        }
         let mut s = self.enter("release leases")?;
         s.shards.retain(|_, (o, _)| o != relay);
         s.relays.remove(relay);
@@ -390,26 +428,41 @@ impl RelayStore for MemoryStore {
         lease: Duration,
         health: &RelayHealth,
     ) -> Result<(), StoreError> {
-        let mut s = self.enter("heartbeat")?;
-        if health.mode == super::super::Mode::Sharded {
-            s.relays.insert(relay.to_owned(), Instant::now() + lease);
-        }
-        s.health.insert(
-            relay.to_owned(),
-            HealthRow {
-                health: health.clone(),
-                session: health.track_session.then_some(true),
-            },
-        );
-        Ok(())
+        let handle = self.handle;
+        let holder = {
+            let mut s = self.enter("heartbeat")?;
+            let holder = match s.health.get(relay).and_then(|h| h.session) {
+                Some((other, true)) if health.track_session && other != handle => Some(other),
+                _ => None,
+            };
+            if holder.is_none() {
+                if health.mode == super::super::Mode::Sharded {
+                    s.relays.insert(relay.to_owned(), Instant::now() + lease);
+                }
+                s.health.insert(
+                    relay.to_owned(),
+                    HealthRow {
+                        health: health.clone(),
+                        session: health.track_session.then_some((handle, true)),
+                    },
+                );
+            }
+            holder
+        };
+        self.in_use =
+            holder.map(|other| RelayIdInUse::new(relay, format!("memory store clone {other}")));
+        self.refuse("heartbeat")
     }
 
     async fn reap_dead_relays(&mut self, relay: &str) -> Result<Vec<String>, StoreError> {
+        if self.in_use.is_some() {
+            return Ok(Vec::new());
+        }
         let mut s = self.enter("reap dead relays")?;
         let dead: Vec<String> = s
             .health
             .iter()
-            .filter(|(id, h)| id.as_str() != relay && h.session == Some(false))
+            .filter(|(id, h)| id.as_str() != relay && matches!(h.session, Some((_, false))))
             .map(|(id, _)| id.clone())
             .collect();
         let now = Instant::now();
