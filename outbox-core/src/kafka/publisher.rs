@@ -358,10 +358,12 @@ impl Publisher for KafkaPublisher {
         }
 
         let report_deadline = Instant::now() + self.message_timeout + REPORT_GRACE;
+        self.watch.awaiting(true);
         for (i, topic, delivery) in pending {
             let report = await_report(&producer, delivery, report_deadline).await;
             outcomes[i] = Some(self.outcome(&topic, report));
         }
+        self.watch.awaiting(false);
 
         let mut outcomes: Vec<Delivery> = outcomes
             .into_iter()
@@ -384,7 +386,8 @@ impl Publisher for KafkaPublisher {
     }
 
     /// While librdkafka reports every broker down (its `AllBrokersDown` error), until a broker
-    /// acknowledges a message again.
+    /// acknowledges a message again; or while a publish has had no acknowledgement for a few
+    /// seconds (a network that drops packets leaves librdkafka's connections up and silent).
     fn unavailable(&self) -> Option<String> {
         self.watch.down()
     }

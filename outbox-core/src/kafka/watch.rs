@@ -1,10 +1,19 @@
-//! What librdkafka tells the publisher about its brokers between deliveries: whether every
-//! broker is down right now. The relay asks it while a publish is in flight
+//! What the publisher knows about its brokers while a publish is in flight: librdkafka
+//! reported every broker down (refused connections), or no acknowledgement came for a while
+//! (a network that drops packets: librdkafka's connections stay up and report nothing until
+//! `socket.timeout.ms`). The relay asks it
 //! ([`Publisher::unavailable`](crate::relay::Publisher::unavailable)), so that `outbox status`
-//! shows the relay waiting for the broker as soon as librdkafka knows, not only once the
-//! publish has run into `message.timeout.ms`.
+//! shows the relay waiting for the broker within seconds, not only once the publish has run
+//! into `message.timeout.ms`.
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How long a publish may go without any acknowledgement before the broker counts as not
+/// answering. Acknowledgements of a healthy broker come within milliseconds (`linger.ms` plus
+/// a round trip), so a few seconds of silence is an outage or a broker in trouble; a hint for
+/// `outbox status` only, never a reason to fail a message.
+const SILENCE: Duration = Duration::from_secs(3);
 
 use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -14,15 +23,35 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 #[derive(Debug, Default)]
 pub(crate) struct BrokerWatch {
     down: Mutex<Option<String>>,
+    /// While a publish awaits reports: since when without an acknowledgement.
+    silent_since: Mutex<Option<Instant>>,
 }
 
 impl BrokerWatch {
     /// librdkafka's reason, while every broker is down.
     pub(crate) fn down(&self) -> Option<String> {
-        self.down
+        let down = self
+            .down
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .clone();
+        down.or_else(|| {
+            let since = (*self
+                .silent_since
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner))?;
+            let silent = since.elapsed();
+            (silent >= SILENCE)
+                .then(|| format!("Kafka has acknowledged nothing for {} s", silent.as_secs()))
+        })
+    }
+
+    /// A publish starts (`true`) or ends (`false`) awaiting delivery reports.
+    pub(crate) fn awaiting(&self, awaiting: bool) {
+        *self
+            .silent_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = awaiting.then(Instant::now);
     }
 
     /// A broker acknowledged a message: it is reachable again. (librdkafka reports when the
@@ -31,6 +60,14 @@ impl BrokerWatch {
         let mut down = self.down.lock().unwrap_or_else(PoisonError::into_inner);
         if down.is_some() {
             *down = None;
+        }
+        drop(down);
+        let mut silent = self
+            .silent_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if silent.is_some() {
+            *silent = Some(Instant::now());
         }
     }
 
@@ -77,5 +114,23 @@ mod tests {
         );
         watch.reached();
         assert_eq!(watch.down(), None);
+    }
+
+    #[test]
+    fn silence_while_awaiting_reports_counts_as_not_answering() {
+        let watch = BrokerWatch::default();
+        watch.awaiting(true);
+        assert_eq!(watch.down(), None, "a publish just started");
+        *watch.silent_since.lock().unwrap() = Some(Instant::now() - SILENCE);
+        assert!(
+            watch
+                .down()
+                .is_some_and(|d| d.starts_with("Kafka has acknowledged nothing for 3 s"))
+        );
+        watch.reached();
+        assert_eq!(watch.down(), None, "an acknowledgement resets the silence");
+        *watch.silent_since.lock().unwrap() = Some(Instant::now() - SILENCE);
+        watch.awaiting(false);
+        assert_eq!(watch.down(), None, "no publish in flight: nothing to say");
     }
 }
