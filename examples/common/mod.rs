@@ -1,0 +1,193 @@
+//! Shared by the teaching examples (included with `#[path = "common/mod.rs"] mod common;`):
+//! throwaway databases, a relay run until a condition holds, and `expect`, which ends the
+//! example with a non-zero exit when its demonstration does not demonstrate.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use outbox::relay::{MemoryBroker, Publisher, Relay, RelayConfig, RelayStats, RelayStore};
+
+/// Ends the example with exit code 1 when `ok` is false: the failure it shows did not happen,
+/// or the fix did not hold.
+pub fn expect(ok: bool, what: &str) {
+    if ok {
+        println!("   ✓ {what}");
+    } else {
+        eprintln!("DEMONSTRATION FAILED: expected {what}");
+        std::process::exit(1);
+    }
+}
+
+/// A fresh SQLite database file with the outbox tables, in a directory deleted on drop.
+pub struct SqliteDb {
+    pub path: String,
+    _dir: tempfile::TempDir,
+}
+
+impl SqliteDb {
+    pub fn new() -> SqliteDb {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("example.db").to_string_lossy().into_owned();
+        let db = SqliteDb { path, _dir: dir };
+        outbox::migrations::run(&mut db.conn()).expect("outbox migrations");
+        db
+    }
+
+    pub fn conn(&self) -> SqliteConnection {
+        SqliteConnection::establish(&self.path).expect("open the SQLite file")
+    }
+}
+
+/// A private PostgreSQL database on `DATABASE_URL` (default
+/// postgres://postgres@127.0.0.1:5432/test) with the outbox tables, dropped on drop.
+#[cfg(feature = "postgres")]
+pub struct PgDb {
+    pub url: String,
+    admin: String,
+    name: String,
+}
+
+#[cfg(feature = "postgres")]
+impl PgDb {
+    pub fn new(label: &str) -> PgDb {
+        let admin = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let name = format!("outbox_ex_{label}_{}", std::process::id());
+        let mut conn = PgConnection::establish(&admin)
+            .unwrap_or_else(|e| panic!("this example needs PostgreSQL at {admin}: {e}"));
+        diesel::sql_query(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .execute(&mut conn)
+            .expect("drop an old database");
+        diesel::sql_query(format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .expect("create the example's database");
+        let (base, _) = admin.rsplit_once('/').expect("a database URL with a path");
+        let db = PgDb {
+            url: format!("{base}/{name}"),
+            admin,
+            name,
+        };
+        outbox::migrations::run(&mut db.conn()).expect("outbox migrations");
+        db
+    }
+
+    pub fn conn(&self) -> PgConnection {
+        PgConnection::establish(&self.url).expect("connect to the example's database")
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for PgDb {
+    fn drop(&mut self) {
+        if let Ok(mut conn) = PgConnection::establish(&self.admin) {
+            let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
+                .execute(&mut conn);
+        }
+    }
+}
+
+/// A relay configuration for examples: fast polls and retries.
+pub fn quick_config() -> RelayConfig {
+    RelayConfig {
+        poll_interval: Duration::from_millis(20),
+        lease: Duration::from_secs(2),
+        publish_timeout: Duration::from_secs(1),
+        backoff: outbox::relay::Backoff {
+            initial: Duration::from_millis(20),
+            max: Duration::from_millis(100),
+            multiplier: 2.0,
+            jitter: 0.0,
+        },
+        ..RelayConfig::default()
+    }
+}
+
+/// Runs a relay until `done` holds (true) or `limit` passes (false), then stops it.
+pub fn relay_until<S: RelayStore, P: Publisher>(
+    store: S,
+    publisher: P,
+    config: RelayConfig,
+    limit: Duration,
+    done: impl Fn() -> bool + Send + 'static,
+) -> (bool, Arc<RelayStats>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    let relay = Relay::new(store, publisher, config).expect("a valid relay configuration");
+    let stats = relay.stats();
+    let start = Instant::now();
+    let met = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = met.clone();
+    runtime.block_on(relay.run(async move {
+        while start.elapsed() < limit {
+            if done() {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }));
+    (met.load(std::sync::atomic::Ordering::SeqCst), stats)
+}
+
+/// How many records of `topic` the broker holds.
+pub fn records(broker: &MemoryBroker, topic: &str) -> usize {
+    broker.records(topic).len()
+}
+
+/// `SELECT COUNT(*) FROM <table>` on any Diesel connection.
+#[macro_export]
+macro_rules! count {
+    ($conn:expr, $table:expr) => {{
+        use diesel::RunQueryDsl as _;
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!(
+            "(SELECT COUNT(*) FROM {})",
+            $table
+        )))
+        .get_result::<i64>($conn)
+        .expect("count rows")
+    }};
+}
+
+/// The event most examples publish: an order was placed.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, outbox::OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "OrderPlaced", version = 1)]
+pub struct OrderPlaced {
+    #[outbox(aggregate_id)]
+    pub order_id: i64,
+    pub total_cents: i64,
+}
+
+/// The business table of the examples.
+pub const ORDERS_DDL: &str =
+    "CREATE TABLE orders (id BIGINT PRIMARY KEY, total_cents BIGINT NOT NULL CHECK (total_cents > 0))";
+
+/// The naive way: the application sends `event` to the broker itself, outside any outbox.
+pub fn send_direct<P: Publisher>(broker: &P, event: &impl outbox::OutboxEvent) -> outbox::relay::Delivery {
+    let m = outbox::NewMessage::from_event(event, outbox::Headers::new()).expect("serialise");
+    let message = outbox::relay::OutboxMessage {
+        seq: 0,
+        id: m.id,
+        aggregate_type: m.aggregate_type.into_owned(),
+        aggregate_id: m.aggregate_id,
+        event_type: m.event_type.into_owned(),
+        event_version: m.event_version,
+        payload: m.payload,
+        headers: m.headers,
+        topic: m.topic.map(|t| t.into_owned()),
+        shard: m.shard,
+        created_at: m.created_at,
+        attempts: 1,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    runtime
+        .block_on(broker.publish(std::slice::from_ref(&message)))
+        .pop()
+        .expect("one delivery per message")
+}
