@@ -191,3 +191,24 @@ pub fn send_direct<P: Publisher>(broker: &P, event: &impl outbox::OutboxEvent) -
         .pop()
         .expect("one delivery per message")
 }
+
+/// A broker whose acknowledgements get lost: it stores the first `lose` batches it is sent
+/// and then reports a timeout, as when the connection drops after the broker wrote the
+/// message but before its ack arrived. The sender cannot tell "stored" from "not stored".
+pub struct LostAcks {
+    pub broker: Arc<MemoryBroker>,
+    pub lose: std::sync::atomic::AtomicUsize,
+}
+
+impl Publisher for LostAcks {
+    async fn publish(&self, batch: &[outbox::relay::OutboxMessage]) -> Vec<outbox::relay::Delivery> {
+        let deliveries = self.broker.publish(batch).await;
+        let lose = self.lose.load(std::sync::atomic::Ordering::SeqCst);
+        if lose == 0 {
+            return deliveries;
+        }
+        self.lose.store(lose - 1, std::sync::atomic::Ordering::SeqCst);
+        let timeout = "timed out waiting for the broker's ack (outcome unknown)";
+        deliveries.iter().map(|_| outbox::relay::Delivery::Unavailable(timeout.into())).collect()
+    }
+}
