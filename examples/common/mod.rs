@@ -57,9 +57,22 @@ impl PgDb {
         let name = format!("outbox_ex_{label}_{}", std::process::id());
         let mut conn = PgConnection::establish(&admin)
             .unwrap_or_else(|e| panic!("this example needs PostgreSQL at {admin}: {e}"));
-        diesel::sql_query(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .execute(&mut conn)
-            .expect("drop an old database");
+        // A failed run exits without dropping its database: remove this example's leftovers.
+        #[derive(QueryableByName)]
+        struct Db {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            datname: String,
+        }
+        let old: Vec<Db> = diesel::sql_query(format!(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'outbox\\_ex\\_{label}\\_%'"
+        ))
+        .load(&mut conn)
+        .expect("list old databases");
+        for db in old {
+            diesel::sql_query(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.datname))
+                .execute(&mut conn)
+                .expect("drop an old database");
+        }
         diesel::sql_query(format!("CREATE DATABASE {name}"))
             .execute(&mut conn)
             .expect("create the example's database");
@@ -167,6 +180,15 @@ pub const ORDERS_DDL: &str =
 
 /// The naive way: the application sends `event` to the broker itself, outside any outbox.
 pub fn send_direct<P: Publisher>(broker: &P, event: &impl outbox::OutboxEvent) -> outbox::relay::Delivery {
+    send_direct_within(broker, event, Duration::from_secs(3600)).expect("an answer within the hour")
+}
+
+/// [`send_direct`] with the client's request timeout: `None` when no answer came within it.
+pub fn send_direct_within<P: Publisher>(
+    broker: &P,
+    event: &impl outbox::OutboxEvent,
+    within: Duration,
+) -> Option<outbox::relay::Delivery> {
     let m = outbox::NewMessage::from_event(event, outbox::Headers::new()).expect("serialise");
     let message = outbox::relay::OutboxMessage {
         seq: 0,
@@ -186,10 +208,10 @@ pub fn send_direct<P: Publisher>(broker: &P, event: &impl outbox::OutboxEvent) -
         .enable_all()
         .build()
         .expect("a Tokio runtime");
-    runtime
-        .block_on(broker.publish(std::slice::from_ref(&message)))
-        .pop()
-        .expect("one delivery per message")
+    let sent = runtime.block_on(async {
+        tokio::time::timeout(within, broker.publish(std::slice::from_ref(&message))).await
+    });
+    sent.ok().map(|mut d| d.pop().expect("one delivery per message"))
 }
 
 /// A broker whose acknowledgements get lost: it stores the first `lose` batches it is sent
