@@ -68,7 +68,12 @@ impl PgDb {
         ))
         .load(&mut conn)
         .expect("list old databases");
-        for db in old {
+        // Only those of processes that are gone: a concurrent run keeps its database.
+        let gone = |name: &str| {
+            let pid = name.rsplit('_').next().unwrap_or_default();
+            !std::path::Path::new("/proc").join(pid).exists()
+        };
+        for db in old.into_iter().filter(|db| gone(&db.datname)) {
             diesel::sql_query(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.datname))
                 .execute(&mut conn)
                 .expect("drop an old database");
