@@ -44,7 +44,7 @@ fn run(mode: Mode) -> (Vec<i64>, Vec<i64>, bool) {
     };
     let seen = broker.clone();
     let (done, _) = common::relay_until(SqliteRelayStore::new(db.path.clone()), broker.clone(), config, Duration::from_secs(10), move || seen.records("order").len() == 6);
-    expect(done, "the relay to publish all six events");
+    common::ensure(done, "the relay to publish all six events");
     let records = broker.records("order");
     let steps = |key: &str| -> Vec<i64> {
         records.iter().filter(|r| r.key == key).map(|r| Envelope::<OrderPlaced>::from_record(r).unwrap().total_cents).collect()

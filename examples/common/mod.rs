@@ -20,6 +20,14 @@ pub fn expect(ok: bool, what: &str) {
     }
 }
 
+/// [`expect`] without the line on success, for steps that are not the point.
+pub fn ensure(ok: bool, what: &str) {
+    if !ok {
+        eprintln!("DEMONSTRATION FAILED: expected {what}");
+        std::process::exit(1);
+    }
+}
+
 /// A fresh SQLite database file with the outbox tables, in a directory deleted on drop.
 pub struct SqliteDb {
     pub path: String,
