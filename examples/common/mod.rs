@@ -247,3 +247,89 @@ impl Publisher for LostAcks {
         deliveries.iter().map(|_| outbox::relay::Delivery::Unavailable(timeout.into())).collect()
     }
 }
+
+/// A private PostgreSQL cluster with `wal_level = logical`, in a temporary directory, stopped
+/// and deleted on drop (for the change-data-capture examples). Uses the server binaries under
+/// /usr/lib/postgresql/<newest>/bin; run as root, it runs the server as `postgres`.
+#[cfg(feature = "postgres")]
+pub struct PrivatePg {
+    pub dir: std::path::PathBuf,
+    pub port: u16,
+}
+
+#[cfg(feature = "postgres")]
+impl PrivatePg {
+    pub fn bin(name: &str) -> std::path::PathBuf {
+        let mut versions: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL server binaries under /usr/lib/postgresql")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        versions.sort();
+        versions.last().expect("a PostgreSQL version").join("bin").join(name)
+    }
+
+    fn run(args: &[&str]) -> bool {
+        let root = std::process::Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
+        let mut cmd = if root {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]);
+            c.arg(Self::bin(args[0]));
+            c
+        } else {
+            std::process::Command::new(Self::bin(args[0]))
+        };
+        cmd.args(&args[1..]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        cmd.status().map(|s| s.success()).unwrap_or(false)
+    }
+
+    pub fn start() -> PrivatePg {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = std::env::temp_dir().join(format!("outbox-ex-pg-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let _ = std::process::Command::new("chown").arg("postgres:postgres").arg(&dir).status();
+        let data = dir.join("data");
+        let data = data.to_str().unwrap();
+        assert!(Self::run(&["initdb", "-A", "trust", "-U", "postgres", "-D", data]), "initdb failed");
+        let opts = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c wal_level=logical -c max_wal_size=1GB -c autovacuum=off",
+            dir.display()
+        );
+        assert!(Self::run(&["pg_ctl", "-D", data, "-w", "-o", &opts, "start"]), "pg_ctl start failed");
+        PrivatePg { dir, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// `pg_wal_lsn_diff(a, b)` and friends: one bigint from SQL.
+    pub fn bigint(conn: &mut PgConnection, sql: &str) -> i64 {
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(sql)).get_result(conn).unwrap()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for PrivatePg {
+    fn drop(&mut self) {
+        let data = self.dir.join("data");
+        Self::run(&["pg_ctl", "-D", data.to_str().unwrap(), "-m", "immediate", "stop"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The changes a logical slot has for us (test_decoding's text, one line per row and a
+/// `BEGIN`/`COMMIT` per transaction), consumed.
+#[cfg(feature = "postgres")]
+pub fn slot_changes(conn: &mut PgConnection, slot: &str) -> Vec<String> {
+    #[derive(QueryableByName)]
+    struct Change {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        data: String,
+    }
+    diesel::sql_query(format!("SELECT data FROM pg_logical_slot_get_changes('{slot}', NULL, NULL)"))
+        .load::<Change>(conn)
+        .unwrap()
+        .into_iter()
+        .map(|c| c.data)
+        .collect()
+}
