@@ -19,7 +19,11 @@ use outbox::relay::{MemoryBroker, SqliteRelayStore};
 /// Where the injected crash happens.
 struct Crash;
 
-fn naive_place_order(conn: &mut SqliteConnection, broker: &MemoryBroker, id: i64) -> Result<(), Crash> {
+fn naive_place_order(
+    conn: &mut SqliteConnection,
+    broker: &MemoryBroker,
+    id: i64,
+) -> Result<(), Crash> {
     conn.transaction::<_, diesel::result::Error, _>(|c| {
         diesel::sql_query(format!("INSERT INTO orders VALUES ({id}, 1250)")).execute(c)?;
         Ok(())
@@ -30,14 +34,23 @@ fn naive_place_order(conn: &mut SqliteConnection, broker: &MemoryBroker, id: i64
         return Err(Crash);
     }
     // ... so this line never runs for order 1.
-    common::send_direct(broker, &OrderPlaced { order_id: id, total_cents: 1250 });
+    common::send_direct(
+        broker,
+        &OrderPlaced {
+            order_id: id,
+            total_cents: 1250,
+        },
+    );
     Ok(())
 }
 
 fn outbox_place_order(conn: &mut SqliteConnection, id: i64) -> Result<(), Crash> {
     conn.transaction_with_outbox(|tx| {
         diesel::sql_query(format!("INSERT INTO orders VALUES ({id}, 1250)")).execute(tx.conn())?;
-        tx.publish(&OrderPlaced { order_id: id, total_cents: 1250 })?;
+        tx.publish(&OrderPlaced {
+            order_id: id,
+            total_cents: 1250,
+        })?;
         Ok::<_, outbox::Error>(())
     })
     .expect("place the order");
@@ -49,23 +62,35 @@ fn main() {
     println!("1. The naive way: commit the order, then publish the event.");
     let db = SqliteDb::new();
     let mut conn = db.conn();
-    diesel::sql_query(common::ORDERS_DDL).execute(&mut conn).unwrap();
+    diesel::sql_query(common::ORDERS_DDL)
+        .execute(&mut conn)
+        .unwrap();
     let broker = MemoryBroker::new();
     let _ = naive_place_order(&mut conn, &broker, 1); // crashes after COMMIT
     let _ = naive_place_order(&mut conn, &broker, 2); // no crash
     let orders = count!(&mut conn, "orders");
     let events = common::records(&broker, "order");
-    println!("   {orders} orders committed, {events} events on the broker: order 1's event is lost for good.");
-    expect(orders == 2 && events == 1, "the naive way to lose order 1's event");
+    println!(
+        "   {orders} orders committed, {events} events on the broker: order 1's event is lost for good."
+    );
+    expect(
+        orders == 2 && events == 1,
+        "the naive way to lose order 1's event",
+    );
 
     println!("\n2. The outbox way: the event is a row in the order's transaction.");
     let db = SqliteDb::new();
     let mut conn = db.conn();
-    diesel::sql_query(common::ORDERS_DDL).execute(&mut conn).unwrap();
+    diesel::sql_query(common::ORDERS_DDL)
+        .execute(&mut conn)
+        .unwrap();
     let _ = outbox_place_order(&mut conn, 1); // the same crash after COMMIT
     let waiting = count!(&mut conn, "outbox_events WHERE published_at IS NULL");
     println!("   After the crash: 1 order, {waiting} event waiting in the outbox.");
-    expect(waiting == 1, "the event to survive the crash as an outbox row");
+    expect(
+        waiting == 1,
+        "the event to survive the crash as an outbox row",
+    );
 
     // The process restarts; its relay publishes whatever is committed and unpublished.
     let broker = std::sync::Arc::new(MemoryBroker::new());
@@ -77,7 +102,15 @@ fn main() {
         Duration::from_secs(10),
         move || seen.records("order").len() == 1,
     );
-    println!("   The relay started after the restart published it: {} event on the broker.", broker.records("order").len());
-    expect(done, "the relay to publish the event that survived the crash");
-    println!("\nThe outbox turns two writes (database, broker) into one local transaction; the\nrelay retries the second write until it succeeds.");
+    println!(
+        "   The relay started after the restart published it: {} event on the broker.",
+        broker.records("order").len()
+    );
+    expect(
+        done,
+        "the relay to publish the event that survived the crash",
+    );
+    println!(
+        "\nThe outbox turns two writes (database, broker) into one local transaction; the\nrelay retries the second write until it succeeds."
+    );
 }

@@ -19,9 +19,13 @@ use outbox::relay::{MemoryBroker, SqliteRelayStore};
 fn setup() -> (SqliteDb, SqliteConnection) {
     let db = SqliteDb::new();
     let mut conn = db.conn();
-    diesel::sql_query(common::ORDERS_DDL).execute(&mut conn).unwrap();
+    diesel::sql_query(common::ORDERS_DDL)
+        .execute(&mut conn)
+        .unwrap();
     // Order 7 exists already: the next attempt to insert it fails inside the transaction.
-    diesel::sql_query("INSERT INTO orders VALUES (7, 100)").execute(&mut conn).unwrap();
+    diesel::sql_query("INSERT INTO orders VALUES (7, 100)")
+        .execute(&mut conn)
+        .unwrap();
     (db, conn)
 }
 
@@ -30,24 +34,42 @@ fn main() {
     let (_db, mut conn) = setup();
     let broker = MemoryBroker::new();
     let result = conn.transaction::<_, diesel::result::Error, _>(|c| {
-        common::send_direct(&broker, &OrderPlaced { order_id: 7, total_cents: 990 });
+        common::send_direct(
+            &broker,
+            &OrderPlaced {
+                order_id: 7,
+                total_cents: 990,
+            },
+        );
         diesel::sql_query("INSERT INTO orders VALUES (7, 990)").execute(c)?;
         Ok(())
     });
     let stored = count!(&mut conn, "orders WHERE total_cents = 990");
     let announced = broker.records("order").len();
-    println!("   The transaction failed ({}); orders stored: {stored}; events on the broker: {announced}.", result.unwrap_err());
-    expect(stored == 0 && announced == 1, "a phantom event: announced, never stored");
+    println!(
+        "   The transaction failed ({}); orders stored: {stored}; events on the broker: {announced}.",
+        result.unwrap_err()
+    );
+    expect(
+        stored == 0 && announced == 1,
+        "a phantom event: announced, never stored",
+    );
 
     println!("\n2. The outbox way: the event is written in the order's transaction.");
     let (db, mut conn) = setup();
     let result = conn.transaction_with_outbox(|tx| {
-        tx.publish(&OrderPlaced { order_id: 7, total_cents: 990 })?;
+        tx.publish(&OrderPlaced {
+            order_id: 7,
+            total_cents: 990,
+        })?;
         diesel::sql_query("INSERT INTO orders VALUES (7, 990)").execute(tx.conn())?;
         Ok::<_, outbox::Error>(())
     });
     let rows = count!(&mut conn, "outbox_events");
-    println!("   The transaction failed ({}); outbox rows: {rows}.", result.unwrap_err());
+    println!(
+        "   The transaction failed ({}); outbox rows: {rows}.",
+        result.unwrap_err()
+    );
     expect(rows == 0, "the failed transaction to roll its event back");
 
     let broker = Arc::new(MemoryBroker::new());
@@ -60,7 +82,12 @@ fn main() {
         Duration::from_millis(500),
         move || !seen.all_records().is_empty(),
     );
-    println!("   A relay ran for 500 ms and published {} events.", broker.all_records().len());
+    println!(
+        "   A relay ran for 500 ms and published {} events.",
+        broker.all_records().len()
+    );
     expect(!published, "no phantom event from the outbox");
-    println!("\nThe relay publishes committed rows only, so a transaction that fails announces nothing.");
+    println!(
+        "\nThe relay publishes committed rows only, so a transaction that fails announces nothing."
+    );
 }

@@ -27,7 +27,9 @@ fn charge(conn: &mut SqliteConnection, event: Envelope<OrderPlaced>) -> QueryRes
 }
 
 fn consume_all(conn: &mut SqliteConnection, broker: &MemoryBroker) -> i64 {
-    diesel::sql_query("CREATE TABLE charges (order_id BIGINT)").execute(conn).unwrap();
+    diesel::sql_query("CREATE TABLE charges (order_id BIGINT)")
+        .execute(conn)
+        .unwrap();
     for record in broker.records("order") {
         let event = Envelope::<OrderPlaced>::from_record(&record).expect("decode");
         let _ = charge(conn, event).expect("charge");
@@ -39,11 +41,20 @@ fn main() {
     println!("1. The naive way: send, time out, retry.");
     let db = SqliteDb::new();
     let broker = Arc::new(MemoryBroker::new());
-    let lossy = LostAcks { broker: broker.clone(), lose: AtomicUsize::new(1) };
+    let lossy = LostAcks {
+        broker: broker.clone(),
+        lose: AtomicUsize::new(1),
+    };
     let mut sends = 0;
     loop {
         sends += 1;
-        let delivery = common::send_direct(&lossy, &OrderPlaced { order_id: 1, total_cents: 500 });
+        let delivery = common::send_direct(
+            &lossy,
+            &OrderPlaced {
+                order_id: 1,
+                total_cents: 500,
+            },
+        );
         if delivery.is_failure() || delivery.is_outage() {
             println!("   send {sends}: {}", delivery.error().unwrap_or("?"));
             continue;
@@ -53,20 +64,35 @@ fn main() {
     }
     let ids: HashSet<_> = broker.records("order").iter().map(|r| r.id).collect();
     let charges = consume_all(&mut db.conn(), &broker);
-    println!("   The broker holds {} messages with {} distinct ids; the consumer charged {charges} times.", broker.records("order").len(), ids.len());
-    expect(ids.len() == 2 && charges == 2, "the retry to duplicate the event under a new id");
+    println!(
+        "   The broker holds {} messages with {} distinct ids; the consumer charged {charges} times.",
+        broker.records("order").len(),
+        ids.len()
+    );
+    expect(
+        ids.len() == 2 && charges == 2,
+        "the retry to duplicate the event under a new id",
+    );
 
     println!("\n2. The outbox way: the relay retries the same row, with the same event id.");
     let db = SqliteDb::new();
     let mut conn = db.conn();
-    diesel::sql_query(common::ORDERS_DDL).execute(&mut conn).unwrap();
+    diesel::sql_query(common::ORDERS_DDL)
+        .execute(&mut conn)
+        .unwrap();
     conn.transaction_with_outbox(|tx| {
         diesel::sql_query("INSERT INTO orders VALUES (1, 500)").execute(tx.conn())?;
-        tx.publish(&OrderPlaced { order_id: 1, total_cents: 500 })
+        tx.publish(&OrderPlaced {
+            order_id: 1,
+            total_cents: 500,
+        })
     })
     .unwrap();
     let broker = Arc::new(MemoryBroker::new());
-    let lossy = Arc::new(LostAcks { broker: broker.clone(), lose: AtomicUsize::new(1) });
+    let lossy = Arc::new(LostAcks {
+        broker: broker.clone(),
+        lose: AtomicUsize::new(1),
+    });
     let seen = broker.clone();
     let (done, stats) = common::relay_until(
         SqliteRelayStore::new(db.path.clone()),
@@ -79,7 +105,16 @@ fn main() {
     let ids: HashSet<_> = broker.records("order").iter().map(|r| r.id).collect();
     let unavailable = stats.unavailable.load(std::sync::atomic::Ordering::Relaxed);
     let charges = consume_all(&mut conn, &broker);
-    println!("   The relay saw {unavailable} unknown outcome(s) and retried: {} messages, {} distinct id; {charges} charge.", broker.records("order").len(), ids.len());
-    expect(ids.len() == 1 && charges == 1, "one id on both copies and one charge");
-    println!("\nRetries are unavoidable when an outcome is unknown; the fix is a stable event id and a\nconsumer that deduplicates on it (see inbox_vs_business_key).");
+    println!(
+        "   The relay saw {unavailable} unknown outcome(s) and retried: {} messages, {} distinct id; {charges} charge.",
+        broker.records("order").len(),
+        ids.len()
+    );
+    expect(
+        ids.len() == 1 && charges == 1,
+        "one id on both copies and one charge",
+    );
+    println!(
+        "\nRetries are unavoidable when an outcome is unknown; the fix is a stable event id and a\nconsumer that deduplicates on it (see inbox_vs_business_key)."
+    );
 }

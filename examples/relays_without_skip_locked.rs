@@ -27,18 +27,38 @@ struct Seq {
 
 /// One naive relay pass: select up to 10 pending rows with `lock`, "publish" them (hold the
 /// transaction `hold`), mark them. `ready` is waited on after the select. Returns (rows, wait).
-fn naive_pass(url: &str, lock: &str, ready: Option<Arc<Barrier>>, hold: Duration) -> (Vec<i64>, Duration) {
+fn naive_pass(
+    url: &str,
+    lock: &str,
+    ready: Option<Arc<Barrier>>,
+    hold: Duration,
+) -> (Vec<i64>, Duration) {
     let mut conn = PgConnection::establish(url).unwrap();
     conn.transaction::<_, diesel::result::Error, _>(|c| {
         let start = Instant::now();
-        let sql = format!("SELECT seq FROM outbox_events WHERE published_at IS NULL ORDER BY seq LIMIT 10 {lock}");
-        let rows: Vec<i64> = diesel::sql_query(sql).load::<Seq>(c)?.into_iter().map(|s| s.seq).collect();
+        let sql = format!(
+            "SELECT seq FROM outbox_events WHERE published_at IS NULL ORDER BY seq LIMIT 10 {lock}"
+        );
+        let rows: Vec<i64> = diesel::sql_query(sql)
+            .load::<Seq>(c)?
+            .into_iter()
+            .map(|s| s.seq)
+            .collect();
         let waited = start.elapsed();
-        if let Some(b) = ready { b.wait(); }
+        if let Some(b) = ready {
+            b.wait();
+        }
         std::thread::sleep(hold); // publishing to the broker
-        let list = rows.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        let list = rows
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
         if !rows.is_empty() {
-            diesel::sql_query(format!("UPDATE outbox_events SET published_at = now() WHERE seq IN ({list})")).execute(c)?;
+            diesel::sql_query(format!(
+                "UPDATE outbox_events SET published_at = now() WHERE seq IN ({list})"
+            ))
+            .execute(c)?;
         }
         Ok((rows, waited))
     })
@@ -46,8 +66,14 @@ fn naive_pass(url: &str, lock: &str, ready: Option<Arc<Barrier>>, hold: Duration
 }
 
 /// Two naive relays; the second starts 50 ms after the first. Returns both results.
-fn two_relays(url: &str, lock: &'static str, barrier: bool) -> ((Vec<i64>, Duration), (Vec<i64>, Duration)) {
-    diesel::sql_query("UPDATE outbox_events SET published_at = NULL").execute(&mut PgConnection::establish(url).unwrap()).unwrap();
+fn two_relays(
+    url: &str,
+    lock: &'static str,
+    barrier: bool,
+) -> ((Vec<i64>, Duration), (Vec<i64>, Duration)) {
+    diesel::sql_query("UPDATE outbox_events SET published_at = NULL")
+        .execute(&mut PgConnection::establish(url).unwrap())
+        .unwrap();
     let b = barrier.then(|| Arc::new(Barrier::new(2)));
     let (u1, b1) = (url.to_owned(), b.clone());
     let first = std::thread::spawn(move || naive_pass(&u1, lock, b1, Duration::from_millis(300)));
@@ -60,37 +86,104 @@ fn main() {
     let db = PgDb::new("skip_locked");
     let mut conn = db.conn();
     for order_id in 1..=20 {
-        conn.transaction_with_outbox(|tx| tx.publish(&OrderPlaced { order_id, total_cents: 1 })).unwrap();
+        conn.transaction_with_outbox(|tx| {
+            tx.publish(&OrderPlaced {
+                order_id,
+                total_cents: 1,
+            })
+        })
+        .unwrap();
     }
 
     println!("1. No lock (READ COMMITTED): both relays read before either marks.");
     let ((a, _), (b, _)) = two_relays(&db.url, "", true);
     let both: Vec<_> = a.iter().filter(|s| b.contains(s)).collect();
-    println!("   relay 1 published {a:?}\n   relay 2 published {b:?}: {} rows twice.", both.len());
-    expect(both.len() == 10, "every row of the batch published by both relays");
+    println!(
+        "   relay 1 published {a:?}\n   relay 2 published {b:?}: {} rows twice.",
+        both.len()
+    );
+    expect(
+        both.len() == 10,
+        "every row of the batch published by both relays",
+    );
 
     println!("\n2. FOR UPDATE: the second relay waits for the first.");
     let ((a, _), (b, waited)) = two_relays(&db.url, "FOR UPDATE", false);
-    println!("   relay 1 took {:?}..; relay 2 waited {waited:.0?} (relay 1's whole publish) before it got {:?}..", a.first(), b.first());
-    expect(waited >= Duration::from_millis(200) && !a.iter().any(|s| b.contains(s)), "relay 2 to block until relay 1 is done");
+    println!(
+        "   relay 1 took {:?}..; relay 2 waited {waited:.0?} (relay 1's whole publish) before it got {:?}..",
+        a.first(),
+        b.first()
+    );
+    expect(
+        waited >= Duration::from_millis(200) && !a.iter().any(|s| b.contains(s)),
+        "relay 2 to block until relay 1 is done",
+    );
 
     println!("\n3. FOR UPDATE SKIP LOCKED: the second relay takes the next rows at once.");
     let ((a, _), (b, waited)) = two_relays(&db.url, "FOR UPDATE SKIP LOCKED", false);
-    println!("   relay 1 took {:?}..; relay 2 waited {waited:.0?} and took {:?}..", a.first(), b.first());
-    expect(waited < Duration::from_millis(100) && b.len() == 10 && !a.iter().any(|s| b.contains(s)), "disjoint batches without waiting");
+    println!(
+        "   relay 1 took {:?}..; relay 2 waited {waited:.0?} and took {:?}..",
+        a.first(),
+        b.first()
+    );
+    expect(
+        waited < Duration::from_millis(100) && b.len() == 10 && !a.iter().any(|s| b.contains(s)),
+        "disjoint batches without waiting",
+    );
 
     println!("\n4. Two real relays (SKIP LOCKED, leases) on 1,000 events.");
-    diesel::sql_query("DELETE FROM outbox_events").execute(&mut conn).unwrap();
-    conn.transaction_with_outbox(|tx| (1..=1000).try_for_each(|order_id| tx.publish(&OrderPlaced { order_id, total_cents: 1 }))).unwrap();
+    diesel::sql_query("DELETE FROM outbox_events")
+        .execute(&mut conn)
+        .unwrap();
+    conn.transaction_with_outbox(|tx| {
+        (1..=1000).try_for_each(|order_id| {
+            tx.publish(&OrderPlaced {
+                order_id,
+                total_cents: 1,
+            })
+        })
+    })
+    .unwrap();
     let broker = Arc::new(MemoryBroker::new());
-    let relays: Vec<_> = ["relay-1", "relay-2"].into_iter().map(|id| {
-        let (url, broker, seen) = (db.url.clone(), broker.clone(), broker.clone());
-        let config = RelayConfig { relay_id: id.into(), batch_size: 50, ..common::quick_config() };
-        std::thread::spawn(move || common::relay_until(PgRelayStore::new(url), broker, config, Duration::from_secs(30), move || seen.all_records().len() >= 1000).1)
-    }).collect();
-    let shares: Vec<u64> = relays.into_iter().map(|r| r.join().unwrap().published.load(std::sync::atomic::Ordering::Relaxed)).collect();
+    let relays: Vec<_> = ["relay-1", "relay-2"]
+        .into_iter()
+        .map(|id| {
+            let (url, broker, seen) = (db.url.clone(), broker.clone(), broker.clone());
+            let config = RelayConfig {
+                relay_id: id.into(),
+                batch_size: 50,
+                ..common::quick_config()
+            };
+            std::thread::spawn(move || {
+                common::relay_until(
+                    PgRelayStore::new(url),
+                    broker,
+                    config,
+                    Duration::from_secs(30),
+                    move || seen.all_records().len() >= 1000,
+                )
+                .1
+            })
+        })
+        .collect();
+    let shares: Vec<u64> = relays
+        .into_iter()
+        .map(|r| {
+            r.join()
+                .unwrap()
+                .published
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .collect();
     let records = broker.all_records();
     let unique: HashSet<_> = records.iter().map(|r| r.id).collect();
-    println!("   {} messages, {} distinct; relay shares {shares:?}.", records.len(), unique.len());
-    expect(records.len() == 1000 && unique.len() == 1000, "every event exactly once across both relays");
+    println!(
+        "   {} messages, {} distinct; relay shares {shares:?}.",
+        records.len(),
+        unique.len()
+    );
+    expect(
+        records.len() == 1000 && unique.len() == 1000,
+        "every event exactly once across both relays",
+    );
 }

@@ -82,9 +82,12 @@ impl PgDb {
             !std::path::Path::new("/proc").join(pid).exists()
         };
         for db in old.into_iter().filter(|db| gone(&db.datname)) {
-            diesel::sql_query(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.datname))
-                .execute(&mut conn)
-                .expect("drop an old database");
+            diesel::sql_query(format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                db.datname
+            ))
+            .execute(&mut conn)
+            .expect("drop an old database");
         }
         diesel::sql_query(format!("CREATE DATABASE {name}"))
             .execute(&mut conn)
@@ -108,8 +111,11 @@ impl PgDb {
 impl Drop for PgDb {
     fn drop(&mut self) {
         if let Ok(mut conn) = PgConnection::establish(&self.admin) {
-            let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
-                .execute(&mut conn);
+            let _ = diesel::sql_query(format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .execute(&mut conn);
         }
     }
 }
@@ -188,11 +194,13 @@ pub struct OrderPlaced {
 }
 
 /// The business table of the examples.
-pub const ORDERS_DDL: &str =
-    "CREATE TABLE orders (id BIGINT PRIMARY KEY, total_cents BIGINT NOT NULL CHECK (total_cents > 0))";
+pub const ORDERS_DDL: &str = "CREATE TABLE orders (id BIGINT PRIMARY KEY, total_cents BIGINT NOT NULL CHECK (total_cents > 0))";
 
 /// The naive way: the application sends `event` to the broker itself, outside any outbox.
-pub fn send_direct<P: Publisher>(broker: &P, event: &impl outbox::OutboxEvent) -> outbox::relay::Delivery {
+pub fn send_direct<P: Publisher>(
+    broker: &P,
+    event: &impl outbox::OutboxEvent,
+) -> outbox::relay::Delivery {
     send_direct_within(broker, event, Duration::from_secs(3600)).expect("an answer within the hour")
 }
 
@@ -224,7 +232,8 @@ pub fn send_direct_within<P: Publisher>(
     let sent = runtime.block_on(async {
         tokio::time::timeout(within, broker.publish(std::slice::from_ref(&message))).await
     });
-    sent.ok().map(|mut d| d.pop().expect("one delivery per message"))
+    sent.ok()
+        .map(|mut d| d.pop().expect("one delivery per message"))
 }
 
 /// A broker whose acknowledgements get lost: it stores the first `lose` batches it is sent
@@ -236,15 +245,22 @@ pub struct LostAcks {
 }
 
 impl Publisher for LostAcks {
-    async fn publish(&self, batch: &[outbox::relay::OutboxMessage]) -> Vec<outbox::relay::Delivery> {
+    async fn publish(
+        &self,
+        batch: &[outbox::relay::OutboxMessage],
+    ) -> Vec<outbox::relay::Delivery> {
         let deliveries = self.broker.publish(batch).await;
         let lose = self.lose.load(std::sync::atomic::Ordering::SeqCst);
         if lose == 0 {
             return deliveries;
         }
-        self.lose.store(lose - 1, std::sync::atomic::Ordering::SeqCst);
+        self.lose
+            .store(lose - 1, std::sync::atomic::Ordering::SeqCst);
         let timeout = "timed out waiting for the broker's ack (outcome unknown)";
-        deliveries.iter().map(|_| outbox::relay::Delivery::Unavailable(timeout.into())).collect()
+        deliveries
+            .iter()
+            .map(|_| outbox::relay::Delivery::Unavailable(timeout.into()))
+            .collect()
     }
 }
 
@@ -265,11 +281,19 @@ impl PrivatePg {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .collect();
         versions.sort();
-        versions.last().expect("a PostgreSQL version").join("bin").join(name)
+        versions
+            .last()
+            .expect("a PostgreSQL version")
+            .join("bin")
+            .join(name)
     }
 
     fn run(args: &[&str]) -> bool {
-        let root = std::process::Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| o.stdout.starts_with(b"0"))
+            .unwrap_or(false);
         let mut cmd = if root {
             let mut c = std::process::Command::new("runuser");
             c.args(["-u", "postgres", "--"]);
@@ -278,23 +302,38 @@ impl PrivatePg {
         } else {
             std::process::Command::new(Self::bin(args[0]))
         };
-        cmd.args(&args[1..]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        cmd.args(&args[1..])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
         cmd.status().map(|s| s.success()).unwrap_or(false)
     }
 
     pub fn start() -> PrivatePg {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let dir = std::env::temp_dir().join(format!("outbox-ex-pg-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let _ = std::process::Command::new("chown").arg("postgres:postgres").arg(&dir).status();
+        let _ = std::process::Command::new("chown")
+            .arg("postgres:postgres")
+            .arg(&dir)
+            .status();
         let data = dir.join("data");
         let data = data.to_str().unwrap();
-        assert!(Self::run(&["initdb", "-A", "trust", "-U", "postgres", "-D", data]), "initdb failed");
+        assert!(
+            Self::run(&["initdb", "-A", "trust", "-U", "postgres", "-D", data]),
+            "initdb failed"
+        );
         let opts = format!(
             "-p {port} -k {} -c listen_addresses=127.0.0.1 -c wal_level=logical -c max_wal_size=1GB -c autovacuum=off",
             dir.display()
         );
-        assert!(Self::run(&["pg_ctl", "-D", data, "-w", "-o", &opts, "start"]), "pg_ctl start failed");
+        assert!(
+            Self::run(&["pg_ctl", "-D", data, "-w", "-o", &opts, "start"]),
+            "pg_ctl start failed"
+        );
         PrivatePg { dir, port }
     }
 
@@ -304,7 +343,9 @@ impl PrivatePg {
 
     /// `pg_wal_lsn_diff(a, b)` and friends: one bigint from SQL.
     pub fn bigint(conn: &mut PgConnection, sql: &str) -> i64 {
-        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(sql)).get_result(conn).unwrap()
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(sql))
+            .get_result(conn)
+            .unwrap()
     }
 }
 
@@ -312,7 +353,14 @@ impl PrivatePg {
 impl Drop for PrivatePg {
     fn drop(&mut self) {
         let data = self.dir.join("data");
-        Self::run(&["pg_ctl", "-D", data.to_str().unwrap(), "-m", "immediate", "stop"]);
+        Self::run(&[
+            "pg_ctl",
+            "-D",
+            data.to_str().unwrap(),
+            "-m",
+            "immediate",
+            "stop",
+        ]);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -326,10 +374,12 @@ pub fn slot_changes(conn: &mut PgConnection, slot: &str) -> Vec<String> {
         #[diesel(sql_type = diesel::sql_types::Text)]
         data: String,
     }
-    diesel::sql_query(format!("SELECT data FROM pg_logical_slot_get_changes('{slot}', NULL, NULL)"))
-        .load::<Change>(conn)
-        .unwrap()
-        .into_iter()
-        .map(|c| c.data)
-        .collect()
+    diesel::sql_query(format!(
+        "SELECT data FROM pg_logical_slot_get_changes('{slot}', NULL, NULL)"
+    ))
+    .load::<Change>(conn)
+    .unwrap()
+    .into_iter()
+    .map(|c| c.data)
+    .collect()
 }
