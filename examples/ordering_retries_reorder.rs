@@ -45,10 +45,10 @@ fn run(mode: Mode) -> (Vec<i64>, Vec<i64>, bool) {
     });
     let config = RelayConfig {
         mode,
-        // The failed event waits 300 ms before its retry; the relay polls every 20 ms.
+        // The failed event waits 1 s before its retry; the relay polls every 20 ms.
         backoff: Backoff {
-            initial: Duration::from_millis(300),
-            max: Duration::from_millis(300),
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(1),
             multiplier: 1.0,
             jitter: 0.0,
         },

@@ -26,11 +26,13 @@ struct Seq {
 }
 
 /// One naive relay pass: select up to 10 pending rows with `lock`, "publish" them (hold the
-/// transaction `hold`), mark them. `ready` is waited on after the select. Returns (rows, wait).
+/// transaction `hold`), mark them. After the select it signals `selected` and waits on `ready`.
+/// Returns (rows, time the select took).
 fn naive_pass(
     url: &str,
     lock: &str,
     ready: Option<Arc<Barrier>>,
+    selected: Option<std::sync::mpsc::Sender<()>>,
     hold: Duration,
 ) -> (Vec<i64>, Duration) {
     let mut conn = PgConnection::establish(url).unwrap();
@@ -45,6 +47,9 @@ fn naive_pass(
             .map(|s| s.seq)
             .collect();
         let waited = start.elapsed();
+        if let Some(s) = selected {
+            s.send(()).unwrap(); // its rows are read (and locked, if it locks)
+        }
         if let Some(b) = ready {
             b.wait();
         }
@@ -65,7 +70,7 @@ fn naive_pass(
     .unwrap()
 }
 
-/// Two naive relays; the second starts 50 ms after the first. Returns both results.
+/// Two naive relays; the second starts once the first has selected. Returns both results.
 fn two_relays(
     url: &str,
     lock: &'static str,
@@ -76,9 +81,12 @@ fn two_relays(
         .unwrap();
     let b = barrier.then(|| Arc::new(Barrier::new(2)));
     let (u1, b1) = (url.to_owned(), b.clone());
-    let first = std::thread::spawn(move || naive_pass(&u1, lock, b1, Duration::from_millis(300)));
-    std::thread::sleep(Duration::from_millis(50));
-    let second = naive_pass(url, lock, b, Duration::ZERO);
+    let (selected, first_selected) = std::sync::mpsc::channel();
+    let first = std::thread::spawn(move || {
+        naive_pass(&u1, lock, b1, Some(selected), Duration::from_millis(300))
+    });
+    first_selected.recv().unwrap(); // the second relay starts once the first has its rows
+    let second = naive_pass(url, lock, b, None, Duration::ZERO);
     (first.join().unwrap(), second)
 }
 
