@@ -68,10 +68,14 @@ fn main() {
     let topic = |what: &str| {
         let name = format!("outbox-ex-{what}-{}", uuid::Uuid::now_v7().simple());
         let new = NewTopic::new(&name, PARTITIONS, TopicReplication::Fixed(1));
-        let created = runtime.block_on(admin.create_topics(
-            [&new],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        ));
+        let created = runtime.block_on(
+            admin.create_topics(
+                [&new],
+                &AdminOptions::new()
+                    .request_timeout(Some(Duration::from_secs(10)))
+                    .operation_timeout(Some(Duration::from_secs(10))),
+            ),
+        );
         common::ensure(
             created
                 .map(|r| r.iter().all(Result::is_ok))
