@@ -1,17 +1,18 @@
 //! Scaling relays: no lock publishes twice, plain `FOR UPDATE` serialises the relays, `SKIP LOCKED` plus leases does neither. Needs PostgreSQL (`DATABASE_URL`).
 //!
-//! Two naive relays (two processes: an in-process mutex in each guards nothing across them)
-//! read the same pending rows under `READ COMMITTED` before either marks them, and both
-//! publish all of them. With `FOR UPDATE` the second blocks on the first's rows until its
-//! transaction (the whole publish) ends, and only then takes the next rows: two relays take
-//! turns, as slow as one. With `FOR UPDATE SKIP LOCKED` the second takes the next rows at
+//! Two naive relay processes, each holding its own in-process mutex (which guards nothing
+//! across processes), read the same pending rows under `READ COMMITTED` before either marks
+//! them, and both publish all of them. With `FOR UPDATE` the second blocks on the first's
+//! rows until its transaction (the whole publish) ends, and only then takes the next rows: two
+//! relays take turns, as slow as one. With `FOR UPDATE SKIP LOCKED` the second takes the next rows at
 //! once. Finally two real relays (`SKIP LOCKED`, leases) share 1,000 events with no duplicate.
 
 #[path = "common/mod.rs"]
 mod common;
 
 use std::collections::HashSet;
-use std::sync::{Arc, Barrier};
+use std::io::{BufRead, BufReader, Write};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{OrderPlaced, PgDb, expect};
@@ -26,12 +27,11 @@ struct Seq {
 }
 
 /// One naive relay pass: select up to 10 pending rows with `lock`, "publish" them (hold the
-/// transaction `hold`), mark them. After the select it signals `selected` and waits on `ready`.
+/// transaction `hold`), mark them. After the select it signals `selected`.
 /// Returns (rows, time the select took).
 fn naive_pass(
     url: &str,
     lock: &str,
-    ready: Option<Arc<Barrier>>,
     selected: Option<std::sync::mpsc::Sender<()>>,
     hold: Duration,
 ) -> (Vec<i64>, Duration) {
@@ -49,9 +49,6 @@ fn naive_pass(
         let waited = start.elapsed();
         if let Some(s) = selected {
             s.send(()).unwrap(); // its rows are read (and locked, if it locks)
-        }
-        if let Some(b) = ready {
-            b.wait();
         }
         std::thread::sleep(hold); // publishing to the broker
         let list = rows
@@ -71,26 +68,50 @@ fn naive_pass(
 }
 
 /// Two naive relays; the second starts once the first has selected. Returns both results.
-fn two_relays(
-    url: &str,
-    lock: &'static str,
-    barrier: bool,
-) -> ((Vec<i64>, Duration), (Vec<i64>, Duration)) {
+fn two_relays(url: &str, lock: &'static str) -> ((Vec<i64>, Duration), (Vec<i64>, Duration)) {
     diesel::sql_query("UPDATE outbox_events SET published_at = NULL")
         .execute(&mut PgConnection::establish(url).unwrap())
         .unwrap();
-    let b = barrier.then(|| Arc::new(Barrier::new(2)));
-    let (u1, b1) = (url.to_owned(), b.clone());
+    let u1 = url.to_owned();
     let (selected, first_selected) = std::sync::mpsc::channel();
     let first = std::thread::spawn(move || {
-        naive_pass(&u1, lock, b1, Some(selected), Duration::from_millis(300))
+        naive_pass(&u1, lock, Some(selected), Duration::from_millis(300))
     });
     first_selected.recv().unwrap(); // the second relay starts once the first has its rows
-    let second = naive_pass(url, lock, b, None, Duration::ZERO);
+    let second = naive_pass(url, lock, None, Duration::ZERO);
     (first.join().unwrap(), second)
 }
 
+/// One naive relay process: an in-process mutex (real, and useless across processes), a
+/// plain `SELECT`, "publish" (wait for a line on stdin), mark.
+fn relay_process(url: &str) {
+    static ONE_RELAY_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _guard = ONE_RELAY_AT_A_TIME.lock().unwrap();
+    let mut conn = PgConnection::establish(url).unwrap();
+    conn.transaction::<_, diesel::result::Error, _>(|c| {
+        let sql = "SELECT seq FROM outbox_events WHERE published_at IS NULL ORDER BY seq LIMIT 10";
+        let rows: Vec<String> = diesel::sql_query(sql)
+            .load::<Seq>(c)?
+            .into_iter()
+            .map(|s| s.seq.to_string())
+            .collect();
+        println!("{}", rows.join(","));
+        std::io::stdin().read_line(&mut String::new()).unwrap(); // publishing
+        let marked = format!(
+            "UPDATE outbox_events SET published_at = now() WHERE seq IN ({})",
+            rows.join(",")
+        );
+        diesel::sql_query(marked).execute(c)?;
+        Ok(())
+    })
+    .unwrap();
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() == 3 && args[1] == "--relay-process" {
+        return relay_process(&args[2]);
+    }
     let db = PgDb::new("skip_locked");
     let mut conn = db.conn();
     for order_id in 1..=20 {
@@ -103,20 +124,50 @@ fn main() {
         .unwrap();
     }
 
-    println!("1. No lock (READ COMMITTED): both relays read before either marks.");
-    let ((a, _), (b, _)) = two_relays(&db.url, "", true);
+    println!("1. No lock (READ COMMITTED), two relay processes, each with its own mutex.");
+    let mut children: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--relay-process", &db.url])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Each child prints what it read, then waits for a line before marking: both have read
+    // before either marks, every run.
+    let read: Vec<Vec<i64>> = children
+        .iter_mut()
+        .map(|c| {
+            let mut line = String::new();
+            BufReader::new(c.stdout.as_mut().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            line.split(',')
+                .filter_map(|s| s.trim().parse().ok())
+                .collect()
+        })
+        .collect();
+    for c in &mut children {
+        writeln!(c.stdin.as_mut().unwrap()).unwrap();
+    }
+    let ok = children
+        .into_iter()
+        .all(|mut c| c.wait().unwrap().success());
+    let (a, b) = (&read[0], &read[1]);
     let both: Vec<_> = a.iter().filter(|s| b.contains(s)).collect();
     println!(
-        "   relay 1 published {a:?}\n   relay 2 published {b:?}: {} rows twice.",
+        "   process 1 published {a:?}\n   process 2 published {b:?}: {} rows twice.",
         both.len()
     );
     expect(
-        both.len() == 10,
-        "every row of the batch published by both relays",
+        ok && both.len() == 10,
+        "every row of the batch published by both processes",
     );
 
     println!("\n2. FOR UPDATE: the second relay waits for the first.");
-    let ((a, _), (b, waited)) = two_relays(&db.url, "FOR UPDATE", false);
+    let ((a, _), (b, waited)) = two_relays(&db.url, "FOR UPDATE");
     println!(
         "   relay 1 took {:?}..; relay 2 waited {waited:.0?} (relay 1's whole publish) before it got {:?}..",
         a.first(),
@@ -128,7 +179,7 @@ fn main() {
     );
 
     println!("\n3. FOR UPDATE SKIP LOCKED: the second relay takes the next rows at once.");
-    let ((a, _), (b, waited)) = two_relays(&db.url, "FOR UPDATE SKIP LOCKED", false);
+    let ((a, _), (b, waited)) = two_relays(&db.url, "FOR UPDATE SKIP LOCKED");
     println!(
         "   relay 1 took {:?}..; relay 2 waited {waited:.0?} and took {:?}..",
         a.first(),
