@@ -100,3 +100,5 @@ log "cargo test"
 cargo test --workspace --all-features
 log "cargo run --example schema_evolution"
 cargo run --quiet --example schema_evolution --features schema
+log "examples (scripts/examples.sh)"
+./scripts/examples.sh

@@ -24,6 +24,27 @@ pub enum Error {
         /// Why it was rejected.
         reason: String,
     },
+    /// An event's serialised payload is larger than the publish limit
+    /// ([`DEFAULT_MAX_PAYLOAD_BYTES`](crate::DEFAULT_MAX_PAYLOAD_BYTES) unless changed with
+    /// [`set_max_payload_bytes`](crate::set_max_payload_bytes) or per transaction). Nothing was
+    /// written. Store the body elsewhere and publish a reference
+    /// ([`ClaimCheck`](crate::claim_check::ClaimCheck)), or raise the limit together with the
+    /// broker's (`message.max.bytes`).
+    PayloadTooLarge {
+        /// The event type whose payload is too large.
+        event_type: String,
+        /// The payload's size in bytes (JSON text).
+        size: usize,
+        /// The limit it exceeds, in bytes.
+        limit: usize,
+    },
+    /// A claim check's body could not be stored or fetched, or did not match its reference.
+    ClaimCheck {
+        /// The body's key in the store.
+        key: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// `publish(conn, &event)` was called on a connection that is not inside a transaction:
     /// the event would have been committed on its own, so nothing was written.
     NotInTransaction,
@@ -41,6 +62,17 @@ impl fmt::Display for Error {
             Error::InvalidEvent { event_type, reason } => {
                 write!(f, "invalid event `{event_type}`: {reason}")
             }
+            Error::PayloadTooLarge {
+                event_type,
+                size,
+                limit,
+            } => write!(
+                f,
+                "the payload of event `{event_type}` is {size} bytes, over the limit of {limit} \
+                 bytes: publish a claim check (a reference to the body stored elsewhere) or \
+                 raise the limit; nothing was written"
+            ),
+            Error::ClaimCheck { key, reason } => write!(f, "claim check `{key}`: {reason}"),
             Error::NotInTransaction => f.write_str(
                 "outbox publish called outside a transaction: call it inside \
                  `conn.transaction(...)` or use `transaction_with_outbox`; nothing was written",
@@ -55,7 +87,10 @@ impl std::error::Error for Error {
         match self {
             Error::Serialize { source, .. } => Some(source),
             Error::Database(e) => Some(&**e),
-            Error::InvalidEvent { .. } | Error::NotInTransaction => None,
+            Error::InvalidEvent { .. }
+            | Error::PayloadTooLarge { .. }
+            | Error::ClaimCheck { .. }
+            | Error::NotInTransaction => None,
         }
     }
 }

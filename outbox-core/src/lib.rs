@@ -7,6 +7,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod catalog;
+pub mod claim_check;
 mod envelope;
 mod error;
 mod event;
@@ -31,7 +32,10 @@ pub use envelope::{
 };
 pub use error::{BoxError, Error};
 pub use event::{AggregateKey, EventType, OutboxEvent};
-pub use message::{Headers, NewMessage, now_micros};
+pub use message::{
+    DEFAULT_MAX_PAYLOAD_BYTES, Headers, NewMessage, max_payload_bytes, now_micros,
+    set_max_payload_bytes,
+};
 pub use outcome::Outcome;
 #[doc(hidden)]
 pub use shard::SHARD_TEST_VECTORS;

@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -11,6 +12,32 @@ use crate::{Error, OutboxEvent, shard_of};
 /// Headers of a message: string keys to string values, stored as a JSON object and sent as
 /// Kafka headers. Kept sorted so that the stored JSON is deterministic.
 pub type Headers = BTreeMap<String, String>;
+
+/// The default limit on an event's serialised payload: 1,000,000 bytes, under Kafka's default
+/// `message.max.bytes` (1,048,588) with room for the key and headers. A larger payload is
+/// refused at `publish` with [`Error::PayloadTooLarge`] instead of being committed and then
+/// refused by the broker, where it would fail every attempt and be dead-lettered.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1_000_000;
+
+static MAX_PAYLOAD_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_PAYLOAD_BYTES);
+
+/// Sets the process-wide payload limit every `publish` checks (a transaction may override it
+/// with `OutboxTx::set_max_payload_bytes`). Set it to your broker's limit minus headroom for
+/// the headers; `usize::MAX` turns the check off.
+///
+/// ```
+/// outbox_core::set_max_payload_bytes(2_000_000);
+/// assert_eq!(outbox_core::max_payload_bytes(), 2_000_000);
+/// # outbox_core::set_max_payload_bytes(outbox_core::DEFAULT_MAX_PAYLOAD_BYTES);
+/// ```
+pub fn set_max_payload_bytes(limit: usize) {
+    MAX_PAYLOAD_BYTES.store(limit, Ordering::Relaxed);
+}
+
+/// The process-wide payload limit ([`DEFAULT_MAX_PAYLOAD_BYTES`] unless set).
+pub fn max_payload_bytes() -> usize {
+    MAX_PAYLOAD_BYTES.load(Ordering::Relaxed)
+}
 
 /// One outbox row as it is inserted: an event, serialised, with its id, shard and headers.
 ///
@@ -43,9 +70,10 @@ pub struct NewMessage {
 impl NewMessage {
     /// Serialises `event` into a new message with a fresh UUIDv7 id.
     ///
-    /// Fails with [`Error::Serialize`] (naming the event type) if serde fails, and with
+    /// Fails with [`Error::Serialize`] (naming the event type) if serde fails, with
     /// [`Error::InvalidEvent`] if the event type, aggregate type or aggregate id is empty or the
-    /// version does not fit.
+    /// version does not fit, and with [`Error::PayloadTooLarge`] if the payload is over
+    /// [`max_payload_bytes`].
     ///
     /// ```
     /// # use outbox_core as outbox;
@@ -61,9 +89,37 @@ impl NewMessage {
     /// assert_eq!(msg.id.get_version_num(), 7);
     /// ```
     pub fn from_event<E: OutboxEvent + ?Sized>(event: &E, headers: Headers) -> Result<Self, Error> {
+        Self::from_event_with_limit(event, headers, max_payload_bytes())
+    }
+
+    /// [`from_event`](NewMessage::from_event) with an explicit payload limit in bytes.
+    ///
+    /// ```
+    /// # use outbox_core as outbox;
+    /// # #[derive(serde::Serialize, outbox_core::OutboxEvent)]
+    /// # #[outbox(crate = outbox_core, aggregate = "doc")]
+    /// # struct DocUploaded { #[outbox(aggregate_id)] id: u32, body: String }
+    /// let event = DocUploaded { id: 1, body: "x".repeat(100) };
+    /// let err = outbox_core::NewMessage::from_event_with_limit(&event, Default::default(), 64)
+    ///     .unwrap_err();
+    /// assert!(matches!(err, outbox_core::Error::PayloadTooLarge { size: 118, limit: 64, .. }));
+    /// assert!(err.to_string().contains("`DocUploaded` is 118 bytes, over the limit of 64"));
+    /// ```
+    pub fn from_event_with_limit<E: OutboxEvent + ?Sized>(
+        event: &E,
+        headers: Headers,
+        limit: usize,
+    ) -> Result<Self, Error> {
         let event_type = event.event_type();
         let payload = serde_json::to_string(event)
             .map_err(|source| Error::Serialize { event_type, source })?;
+        if payload.len() > limit {
+            return Err(Error::PayloadTooLarge {
+                event_type: event_type.to_owned(),
+                size: payload.len(),
+                limit,
+            });
+        }
         let aggregate_type = event.aggregate_type();
         let aggregate_id = event.aggregate_id();
         // The same rules as the table's CHECK constraints (migration `row_checks`): refused
@@ -137,4 +193,45 @@ impl NewMessage {
 pub fn now_micros() -> DateTime<Utc> {
     let now = Utc::now();
     DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Serialize)]
+    struct Doc {
+        body: String,
+    }
+
+    impl OutboxEvent for Doc {
+        const AGGREGATE_TYPE: &'static str = "doc";
+        const EVENT_TYPES: &'static [crate::EventType] = &[];
+        fn aggregate_id(&self) -> String {
+            "1".into()
+        }
+        fn event_type(&self) -> &'static str {
+            "DocStored"
+        }
+        fn event_version(&self) -> u32 {
+            1
+        }
+    }
+
+    #[test]
+    fn payload_limit_is_inclusive_and_names_the_event() {
+        let event = Doc {
+            body: "x".repeat(90),
+        }; // {"body":"xxx…"} is 101 bytes
+        assert!(NewMessage::from_event_with_limit(&event, Headers::new(), 101).is_ok());
+        match NewMessage::from_event_with_limit(&event, Headers::new(), 100) {
+            Err(Error::PayloadTooLarge {
+                event_type,
+                size,
+                limit,
+            }) => assert_eq!((event_type.as_str(), size, limit), ("DocStored", 101, 100)),
+            other => panic!("expected PayloadTooLarge, got {other:?}"),
+        }
+        assert_eq!(DEFAULT_MAX_PAYLOAD_BYTES, 1_000_000);
+    }
 }

@@ -26,6 +26,7 @@ pub struct OutboxTx<'c, C> {
     conn: &'c mut C,
     frame: FrameRef,
     headers: Headers,
+    max_payload_bytes: Option<usize>,
 }
 
 /// The events an [`OutboxTx`] holds, not yet written: a slice (`len`, indexing, `iter`), see
@@ -54,6 +55,7 @@ impl<'c, C> OutboxTx<'c, C> {
             conn,
             frame,
             headers: Headers::new(),
+            max_payload_bytes: None,
         }
     }
 
@@ -131,7 +133,10 @@ impl<'c, C> OutboxTx<'c, C> {
     ) -> Result<(), Error> {
         let mut all = self.headers.clone();
         all.extend(headers);
-        let message = NewMessage::from_event(event, all)?;
+        let limit = self
+            .max_payload_bytes
+            .unwrap_or_else(outbox_core::max_payload_bytes);
+        let message = NewMessage::from_event_with_limit(event, all, limit)?;
         lock(&self.frame).pending.push(message);
         Ok(())
     }
@@ -155,6 +160,30 @@ impl<'c, C> OutboxTx<'c, C> {
     /// ```
     pub fn set_header(&mut self, name: impl Into<String>, value: impl Into<String>) {
         self.headers.insert(name.into(), value.into());
+    }
+
+    /// Sets the payload limit, in bytes, for the events published after this call in this
+    /// transaction (instead of the process-wide `outbox::max_payload_bytes()`, by default
+    /// `DEFAULT_MAX_PAYLOAD_BYTES`, 1,000,000). A larger payload fails its `publish` with
+    /// `Error::PayloadTooLarge`, naming the event type, the size and the limit.
+    ///
+    /// ```
+    /// # include!("doctest_setup.rs");
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let mut conn = establish();
+    /// use outbox_diesel::OutboxConnection;
+    /// let result = conn.transaction_with_outbox(|tx| {
+    ///     tx.set_max_payload_bytes(16);
+    ///     tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })
+    /// });
+    /// let err = result.unwrap_err();
+    /// assert!(matches!(err, outbox_core::Error::PayloadTooLarge { limit: 16, .. }), "{err}");
+    /// assert_eq!(count_events(&mut conn), 0); // the transaction rolled back
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_max_payload_bytes(&mut self, limit: usize) {
+        self.max_payload_bytes = Some(limit);
     }
 
     /// The events published so far and not yet written (a nested write writes the earlier

@@ -260,6 +260,15 @@ pub enum OrderEvent {
     },
 }
 
+/// An event with a body of any size, for the payload limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, outbox::OutboxEvent)]
+#[outbox(aggregate = "document", event_type = "DocumentStored")]
+pub struct DocumentStored {
+    #[outbox(aggregate_id)]
+    pub id: i64,
+    pub body: String,
+}
+
 /// An event whose payload cannot be serialised: a map with non-string keys.
 #[derive(Debug, Serialize, outbox::OutboxEvent)]
 #[outbox(aggregate = "ledger", event_type = "Unserialisable")]

@@ -361,6 +361,54 @@ pub fn unserialisable_payload_rolls_back<C: SyncConn>(db: TestDatabase) {
     assert_eq!(conn.count(COUNT_EVENTS), 0);
 }
 
+/// A payload over the limit fails its `publish` (naming the event type, size and limit) and
+/// the transaction writes nothing, through `OutboxTx::publish` and the free `publish` alike; a
+/// transaction may raise the limit, and then the large payload is stored whole.
+pub fn oversized_payload_is_refused_at_publish<C: SyncConn>(db: TestDatabase) {
+    let mut conn = C::open(&db);
+    let big = DocumentStored {
+        id: 1,
+        body: "x".repeat(outbox::DEFAULT_MAX_PAYLOAD_BYTES),
+    };
+    let size = serde_json::to_string(&big).unwrap().len();
+    let result = conn.transaction_with_outbox(|tx| {
+        tx.conn().insert_order(1, 100)?;
+        tx.publish(&OrderCreated {
+            order_id: 1,
+            total_cents: 100,
+        })?;
+        tx.publish(&big)?;
+        Ok::<_, AppError>(())
+    });
+    match result {
+        Err(AppError::Outbox(outbox::Error::PayloadTooLarge {
+            event_type,
+            size: s,
+            limit,
+        })) => {
+            assert_eq!(event_type, "DocumentStored");
+            assert_eq!((s, limit), (size, outbox::DEFAULT_MAX_PAYLOAD_BYTES));
+        }
+        other => panic!("expected PayloadTooLarge, got {other:?}"),
+    }
+    assert_eq!(conn.count(COUNT_ORDERS), 0);
+    assert_eq!(conn.count(COUNT_EVENTS), 0);
+
+    let free = conn.transaction(|c| outbox::publish(c, &big));
+    assert!(
+        matches!(free, Err(outbox::Error::PayloadTooLarge { .. })),
+        "{free:?}"
+    );
+    assert_eq!(conn.count(COUNT_EVENTS), 0);
+
+    conn.transaction_with_outbox(|tx| {
+        tx.set_max_payload_bytes(2 * outbox::DEFAULT_MAX_PAYLOAD_BYTES);
+        tx.publish(&big)
+    })
+    .unwrap();
+    assert_eq!(conn.count(COUNT_EVENTS), 1);
+}
+
 pub fn headers_and_large_batches<C: SyncConn>(db: TestDatabase) {
     let mut conn = C::open(&db);
     conn.transaction_with_outbox(|tx| {
@@ -462,6 +510,10 @@ macro_rules! sync_suite {
             #[test]
             fn unserialisable_payload_rolls_back() {
                 s::unserialisable_payload_rolls_back::<$conn>($db("serialize"));
+            }
+            #[test]
+            fn oversized_payload_is_refused_at_publish() {
+                s::oversized_payload_is_refused_at_publish::<$conn>($db("oversized"));
             }
             #[test]
             fn headers_and_large_batches() {
