@@ -161,7 +161,7 @@ const RELEASE_LEADER: &str = "DELETE FROM outbox_leader WHERE holder = ?";
 const FORGET_RELAY: &str = "DELETE FROM outbox_relays WHERE relay_id = ?";
 
 /// MySQL's single-table `DELETE` takes `ORDER BY … LIMIT` directly.
-const CLEANUP: &str = "DELETE FROM outbox_events \
+pub(crate) const CLEANUP: &str = "DELETE FROM outbox_events \
      WHERE published_at IS NOT NULL \
        AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
      ORDER BY published_at LIMIT ?";

@@ -143,7 +143,7 @@ const RELEASE_SHARDS: &str =
 const RELEASE_LEADER: &str = "DELETE FROM outbox_leader WHERE holder = $1";
 const FORGET_RELAY: &str = "DELETE FROM outbox_relays WHERE relay_id = $1";
 
-const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
+pub(crate) const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
      SELECT seq FROM outbox_events \
      WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1) \
      ORDER BY published_at LIMIT $2)";
