@@ -17,6 +17,8 @@
 mod inputs;
 #[path = "outbox/ops.rs"]
 mod ops;
+#[path = "outbox/serve.rs"]
+mod serve;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -132,6 +134,10 @@ struct RelayArgs {
     /// server session does not belong to one relay.
     #[arg(long, env = "OUTBOX_NO_SESSION_CHECK")]
     no_session_check: bool,
+    /// Serve Prometheus metrics at /metrics, and /healthz and /readyz, on this address
+    /// (e.g. `0.0.0.0:9464`).
+    #[arg(long, env = "OUTBOX_METRICS_ADDR", value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// An error for the operator: one line, saying what to do.
@@ -308,6 +314,7 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
         };
         builder = builder.set(k.trim(), v.trim());
     }
+    let probe_builder = builder.clone();
     let publisher = builder.build().map_err(|e| match e {
         // Only reachable through `--kafka-config bootstrap.servers=`: name the flags.
         outbox::kafka::KafkaConfigError::MissingBrokers => Fatal(
@@ -370,15 +377,22 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
         brokers = %args.brokers, "starting relay"
     );
     let statement_timeout = lease / 3;
+    let serve = match args.metrics_addr {
+        Some(addr) => {
+            let probe = probe_builder.build().map_err(|e| Fatal(e.to_string()))?;
+            Some((addr, probe, backend, url.clone()))
+        }
+        None => None,
+    };
     match backend {
         Backend::Postgres => {
             let store = PgRelayStore::new(url)
                 .listen(!args.no_listen)
                 .statement_timeout(statement_timeout);
-            run(store, publisher, config).await
+            run(store, publisher, config, serve).await
         }
-        Backend::Mysql => run(MysqlRelayStore::new(url), publisher, config).await,
-        Backend::Sqlite => run(SqliteRelayStore::new(url), publisher, config).await,
+        Backend::Mysql => run(MysqlRelayStore::new(url), publisher, config, serve).await,
+        Backend::Sqlite => run(SqliteRelayStore::new(url), publisher, config, serve).await,
     }
 }
 
@@ -386,8 +400,13 @@ async fn run<S: RelayStore>(
     store: S,
     publisher: KafkaPublisher,
     config: RelayConfig,
+    serve: Option<(std::net::SocketAddr, KafkaPublisher, Backend, String)>,
 ) -> Result<(), Fatal> {
+    let lease = config.lease;
     let relay = Relay::new(store, publisher, config).map_err(Fatal)?;
+    if let Some((addr, probe, backend, url)) = serve {
+        serve::start(addr, relay.stats(), lease, probe, backend, url).await?;
+    }
     relay.run(shutdown_signal()).await;
     Ok(())
 }

@@ -21,7 +21,7 @@ macro_rules! retry_until {
             match $call.await {
                 Ok(v) => break Some(v),
                 Err(e) => {
-                    RelayStats::add(&$self.stats.store_errors, 1);
+                    RelayStats::add(&$self.stats.store_errors, "outbox_relay_store_errors_total", 1);
                     let wait = $self.config.outage_backoff.delay(attempt, $self.rng.unit());
                     if Instant::now() + wait >= $deadline {
                         tracing::error!(error = %e, "could not settle a batch before its lease ran out; its rows will be claimed again");
@@ -127,6 +127,11 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             if self.config.mode != Mode::Unordered && Instant::now() >= next_ownership {
                 match self.renew_ownership().await {
                     Ok(now_active) => {
+                        self.stats.database_reached();
+                        if self.config.mode == Mode::Leader {
+                            metrics::gauge!("outbox_relay_leader")
+                                .set(f64::from(u8::from(now_active)));
+                        }
                         if now_active != active {
                             tracing::info!(relay = %self.config.relay_id, active = now_active, "relay ownership changed");
                         }
@@ -171,8 +176,14 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 lease: self.config.lease,
                 order: self.claim_order(),
             };
+            let started = Instant::now();
             let batch = match self.store.claim(&claim).await {
-                Ok(batch) => batch,
+                Ok(batch) => {
+                    metrics::histogram!("outbox_relay_claim_duration_seconds")
+                        .record(started.elapsed());
+                    self.stats.database_reached();
+                    batch
+                }
                 Err(e) => {
                     self.outage_wait(&mut shutdown, &mut stopping, &mut outage, e)
                         .await;
@@ -187,11 +198,16 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 }
                 continue;
             }
-            RelayStats::add(&self.stats.claimed, batch.len());
-            RelayStats::add(&self.stats.batches, 1);
+            RelayStats::add(
+                &self.stats.claimed,
+                "outbox_relay_claimed_total",
+                batch.len(),
+            );
+            RelayStats::add(&self.stats.batches, "outbox_relay_batches_total", 1);
 
             // A publish that does not finish in time has an unknown outcome: an outage, not
             // the events' fault. They go back and are published again (at least once).
+            let started = Instant::now();
             let deliveries = match tokio::time::timeout(
                 self.config.publish_timeout,
                 self.publisher.publish(&batch),
@@ -207,13 +223,24 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                     batch.len()
                 ],
             };
-            match self.settle(&batch, deliveries).await {
+            metrics::histogram!("outbox_relay_publish_duration_seconds").record(started.elapsed());
+            let started = Instant::now();
+            let settled = self.settle(&batch, deliveries).await;
+            metrics::histogram!("outbox_relay_mark_duration_seconds").record(started.elapsed());
+            self.stats
+                .waiting_for_broker
+                .store(settled.is_some(), Ordering::Relaxed);
+            match settled {
                 Some(error) => {
                     // The broker is unavailable: the batch went back whole (order kept, no
                     // attempt counted); wait with the outage backoff, capped so delivery
                     // resumes soon after the broker returns.
                     broker_outage = broker_outage.saturating_add(1);
-                    RelayStats::add(&self.stats.broker_waits, 1);
+                    RelayStats::add(
+                        &self.stats.broker_waits,
+                        "outbox_relay_broker_waits_total",
+                        1,
+                    );
                     let wait = self
                         .config
                         .outage_backoff
@@ -273,9 +300,16 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             .heartbeat(relay, self.config.lease, &health)
             .await
         {
-            Ok(()) => self.reported = Some(state),
+            Ok(()) => {
+                self.reported = Some(state);
+                self.stats.database_reached();
+            }
             Err(e) => {
-                RelayStats::add(&self.stats.store_errors, 1);
+                RelayStats::add(
+                    &self.stats.store_errors,
+                    "outbox_relay_store_errors_total",
+                    1,
+                );
                 tracing::warn!(error = %e, "heartbeat failed");
                 return false;
             }
@@ -286,12 +320,16 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         match self.store.reap_dead_relays(relay).await {
             Ok(dead) if !dead.is_empty() => {
                 tracing::warn!(relay = %relay, reaped = ?dead, "replaced relays whose database session ended");
-                RelayStats::add(&self.stats.reaped, dead.len());
+                RelayStats::add(&self.stats.reaped, "outbox_relay_reaped_total", dead.len());
                 true
             }
             Ok(_) => false,
             Err(e) => {
-                RelayStats::add(&self.stats.store_errors, 1);
+                RelayStats::add(
+                    &self.stats.store_errors,
+                    "outbox_relay_store_errors_total",
+                    1,
+                );
                 tracing::warn!(error = %e, "looking for dead relays failed");
                 false
             }
@@ -332,6 +370,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 self.stats
                     .shards
                     .store(assignment.owned.len() as u64, Ordering::Relaxed);
+                metrics::gauge!("outbox_relay_shards").set(assignment.owned.len() as f64);
                 Ok(!assignment.owned.is_empty())
             }
         }
@@ -345,7 +384,11 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         error: StoreError,
     ) {
         *outage = outage.saturating_add(1);
-        RelayStats::add(&self.stats.store_errors, 1);
+        RelayStats::add(
+            &self.stats.store_errors,
+            "outbox_relay_store_errors_total",
+            1,
+        );
         let wait = self.config.outage_backoff.delay(*outage, self.rng.unit());
         tracing::warn!(error = %error, retry_in = ?wait, "outbox store unavailable");
         sleep_or_stop(shutdown, stopping, wait).await;
@@ -380,7 +423,12 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         let mut dead = 0usize;
         for (message, delivery) in batch.iter().zip(deliveries) {
             match delivery {
-                Delivery::Published => published.push(message.seq),
+                Delivery::Published => {
+                    published.push(message.seq);
+                    let latency = (chrono::Utc::now() - message.created_at).to_std();
+                    metrics::histogram!("outbox_relay_commit_to_ack_seconds")
+                        .record(latency.unwrap_or_default());
+                }
                 Delivery::NotAttempted => released.push(message.seq),
                 // An outage: the row goes back as it was (`attempts - 1`, available now). In
                 // the ordered modes the later events of its aggregate in this batch were not
@@ -425,7 +473,11 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 self.store.complete(relay, &published, completion)
             )
         {
-            RelayStats::add(&self.stats.published, n as usize);
+            RelayStats::add(
+                &self.stats.published,
+                "outbox_relay_published_total",
+                n as usize,
+            );
             let fenced = published.len().saturating_sub(n as usize);
             if fenced > 0 {
                 tracing::warn!(
@@ -433,20 +485,36 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                     "published rows whose lease had passed to another relay"
                 );
             }
-            RelayStats::add(&self.stats.fenced, fenced);
+            RelayStats::add(&self.stats.fenced, "outbox_relay_fenced_total", fenced);
         }
         if !failures.is_empty()
             && retry_until!(self, deadline, self.store.fail(relay, &failures)).is_some()
         {
-            RelayStats::add(&self.stats.retried, failures.len() - dead);
-            RelayStats::add(&self.stats.dead_lettered, dead);
+            RelayStats::add(
+                &self.stats.retried,
+                "outbox_relay_retried_total",
+                failures.len() - dead,
+            );
+            RelayStats::add(
+                &self.stats.dead_lettered,
+                "outbox_relay_dead_lettered_total",
+                dead,
+            );
         }
         if !released.is_empty()
             && let Some(n) = retry_until!(self, deadline, self.store.release(relay, &released))
         {
-            RelayStats::add(&self.stats.released, n as usize);
+            RelayStats::add(
+                &self.stats.released,
+                "outbox_relay_released_total",
+                n as usize,
+            );
         }
-        RelayStats::add(&self.stats.unavailable, unavailable);
+        RelayStats::add(
+            &self.stats.unavailable,
+            "outbox_relay_unavailable_total",
+            unavailable,
+        );
         outage
     }
 }
