@@ -402,7 +402,7 @@ impl MysqlRelayStore {
     fn check<T>(&mut self, op: &'static str, r: diesel::QueryResult<T>) -> Result<T, StoreError> {
         r.map_err(|e| {
             self.conn = None;
-            StoreError::new(op, e)
+            super::common::store_error(op, e)
         })
     }
 }

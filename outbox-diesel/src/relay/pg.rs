@@ -257,7 +257,7 @@ impl PgRelayStore {
     fn check<T>(&mut self, op: &'static str, r: diesel::QueryResult<T>) -> Result<T, StoreError> {
         r.map_err(|e| {
             self.conn = None;
-            StoreError::new(op, e)
+            super::common::store_error(op, e)
         })
     }
 }

@@ -402,7 +402,7 @@ impl SqliteRelayStore {
         let r = conn.spawn_blocking(f).await;
         r.map_err(|e| {
             self.conn = None;
-            StoreError::new(op, e)
+            super::common::store_error(op, e)
         })
     }
 }
