@@ -84,8 +84,9 @@ fn main() {
     );
 
     println!("\n2. Retention (delete published rows, 1,000 a statement) and VACUUM.");
+    // One second: the shortest retention a relay accepts (`RelayConfig::validate`).
     let keep_none = Retention {
-        keep: Duration::ZERO,
+        keep: Duration::from_secs(1),
         batch: 1000,
         every: Duration::from_millis(50),
     };
