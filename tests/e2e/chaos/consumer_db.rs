@@ -364,14 +364,7 @@ async fn chaos_consumer_database_outage() {
         passed_dead,
     );
     row.figure("caught up after the database's return", fmt(caught_up));
-    row.target(
-        "0 lost, 0 phantom, 0 out of order",
-        format!(
-            "{} lost, {} phantom, {} out of order",
-            t.lost, t.phantom, t.out_of_order
-        ),
-        t.lost == 0 && t.phantom == 0 && t.out_of_order == 0,
-    );
+    row.target_intact();
     row.target("0 dead-lettered", t.dead_lettered, t.dead_lettered == 0);
     row.target(
         "every effect applied exactly once",
