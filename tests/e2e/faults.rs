@@ -3,7 +3,6 @@
 //! nothing is lost.
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use diesel::Connection;
@@ -19,16 +18,7 @@ pub(crate) use crate::chaos::services::PrivateBroker as CuttableBroker;
 
 /// What `outbox status` prints about the relays.
 fn status_relays(url: &str) -> String {
-    let out = Command::new(outbox_bin())
-        .args(["status", "--database-url", url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    outbox_ok(&["status", "--database-url", url])
         .lines()
         .filter(|l| l.starts_with("relay") || l.starts_with("   "))
         .collect::<Vec<_>>()

@@ -42,6 +42,19 @@ pub fn outbox_bin() -> String {
     std::env::var("OUTBOX_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox").to_owned())
 }
 
+/// Runs `outbox <args>` to completion; asserts it succeeded (else fails with its stderr) and
+/// returns its stdout.
+pub fn outbox_ok(args: &[&str]) -> String {
+    let out = Command::new(outbox_bin()).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "outbox {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// An `outbox relay` process.
 pub struct RelayProcess {
     pub child: Child,
