@@ -88,7 +88,8 @@
 //! - `relay`: the relay engine and its stores (implies `async`).
 //! - `kafka`: the Kafka publisher and consumer (librdkafka, built from bundled sources).
 //! - `schema`: the JSON Schema of every event (`schemars`) and `outbox::schema`'s snapshot check.
-//! - `cli`: the `outbox` binary: `outbox migrate`, `outbox relay`, `outbox status`.
+//! - `cli`: the `outbox` binary: `outbox migrate`, `outbox relay`, `outbox status`, `outbox dead`,
+//!   `outbox replay`, `outbox cleanup`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[doc(hidden)]

@@ -1,9 +1,12 @@
-//! `outbox`: run the outbox's migrations and its relay from the command line.
+//! `outbox`: run the outbox's migrations and its relay, and operate it, from the command line.
 //!
 //! ```text
 //! outbox migrate --database-url postgres://app@db/app
 //! outbox relay   --database-url postgres://app@db/app --brokers kafka:9092 --mode sharded
-//! outbox status  --database-url postgres://app@db/app
+//! outbox status  --database-url postgres://app@db/app [--json]
+//! outbox dead list|retry|purge --aggregate-type order --aggregate-id 42 [--yes]
+//! outbox replay  --from-seq 100 --to-seq 200 --yes
+//! outbox cleanup --older-than 30d --yes
 //! ```
 //! Every flag can also come from the environment (`DATABASE_URL`, `KAFKA_BROKERS`,
 //! `OUTBOX_MODE`, ...: see `outbox relay --help`). The URL's scheme picks the backend:
@@ -12,6 +15,10 @@
 
 #[path = "outbox/inputs.rs"]
 mod inputs;
+#[path = "outbox/ops.rs"]
+mod ops;
+#[path = "outbox/serve.rs"]
+mod serve;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -50,7 +57,21 @@ enum Command {
     Status {
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
+        /// Print the status as JSON (fields: see `outbox::relay::admin::Status`).
+        #[arg(long)]
+        json: bool,
     },
+    /// Dead letters: list, retry (make pending again) or purge (delete).
+    Dead {
+        #[arg(long, env = "DATABASE_URL", global = true)]
+        database_url: Option<String>,
+        #[command(subcommand)]
+        command: ops::DeadCommand,
+    },
+    /// Publish already published events again, with their original ids.
+    Replay(ops::ReplayArgs),
+    /// Delete published events older than a retention window, in bounded batches.
+    Cleanup(ops::CleanupArgs),
 }
 
 #[derive(clap::Args)]
@@ -116,6 +137,10 @@ struct RelayArgs {
     /// server session does not belong to one relay.
     #[arg(long, env = "OUTBOX_NO_SESSION_CHECK")]
     no_session_check: bool,
+    /// Serve Prometheus metrics at /metrics, and /healthz and /readyz, on this address
+    /// (e.g. `0.0.0.0:9464`).
+    #[arg(long, env = "OUTBOX_METRICS_ADDR", value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// An error for the operator: one line, saying what to do.
@@ -292,6 +317,7 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
         };
         builder = builder.set(k.trim(), v.trim());
     }
+    let probe_builder = builder.clone();
     let publisher = builder.build().map_err(|e| match e {
         // Only reachable through `--kafka-config bootstrap.servers=`: name the flags.
         outbox::kafka::KafkaConfigError::MissingBrokers => Fatal(
@@ -354,15 +380,22 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
         brokers = %args.brokers, "starting relay"
     );
     let statement_timeout = lease / 3;
+    let serve = match args.metrics_addr {
+        Some(addr) => {
+            let probe = probe_builder.build().map_err(|e| Fatal(e.to_string()))?;
+            Some((addr, probe, backend, url.clone()))
+        }
+        None => None,
+    };
     match backend {
         Backend::Postgres => {
             let store = PgRelayStore::new(url)
                 .listen(!args.no_listen)
                 .statement_timeout(statement_timeout);
-            run(store, publisher, config).await
+            run(store, publisher, config, serve).await
         }
-        Backend::Mysql => run(MysqlRelayStore::new(url), publisher, config).await,
-        Backend::Sqlite => run(SqliteRelayStore::new(url), publisher, config).await,
+        Backend::Mysql => run(MysqlRelayStore::new(url), publisher, config, serve).await,
+        Backend::Sqlite => run(SqliteRelayStore::new(url), publisher, config, serve).await,
     }
 }
 
@@ -370,12 +403,27 @@ async fn run<S: RelayStore>(
     store: S,
     publisher: KafkaPublisher,
     config: RelayConfig,
+    serve: Option<(std::net::SocketAddr, KafkaPublisher, Backend, String)>,
 ) -> Result<(), Fatal> {
+    let lease = config.lease;
     let relay = Relay::new(store, publisher, config).map_err(Fatal)?;
+    if let Some((addr, probe, backend, url)) = serve {
+        serve::start(addr, relay.stats(), lease, probe, backend, url).await?;
+    }
     relay.run(shutdown_signal()).await;
     Ok(())
 }
 
+#[cfg(not(unix))]
+async fn shutdown_signal() {
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+        std::future::pending::<()>().await;
+    }
+    tracing::info!("shutting down: finishing the batch in flight");
+}
+
+#[cfg(unix)]
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = match signal(SignalKind::terminate()) {
@@ -391,168 +439,6 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
     }
     tracing::info!("shutting down: finishing the batch in flight");
-}
-
-#[derive(diesel::QueryableByName, Debug)]
-struct StatusRow {
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    pending: i64,
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    in_flight: i64,
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    dead: i64,
-    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
-    oldest_pending: Option<String>,
-}
-
-#[derive(diesel::QueryableByName, Debug)]
-struct OwnerRow {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    owner: String,
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    shards: i64,
-}
-
-/// A relay's heartbeat row: what `outbox status` shows of each relay.
-#[derive(diesel::QueryableByName, Debug)]
-struct RelayStatus {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    relay_id: String,
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    mode: String,
-    /// `running`, `waiting_for_broker` or `standby`.
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    state: String,
-    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
-    state_since: Option<String>,
-    /// 1 while its heartbeat has not expired.
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    live: i64,
-    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
-    last_error: Option<String>,
-    /// Its database session (PostgreSQL backend pid, MySQL lock name), if it records one.
-    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
-    session: Option<String>,
-}
-
-impl std::fmt::Display for RelayStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({}): {}", self.relay_id, self.mode, self.state)?;
-        if let Some(since) = &self.state_since {
-            write!(f, " since {since}")?;
-        }
-        if self.live == 0 {
-            write!(f, ", heartbeat expired")?;
-        }
-        if let Some(session) = &self.session {
-            write!(f, ", session {session}")?;
-        }
-        if let Some(error) = &self.last_error {
-            write!(f, "\n                last outage: {error}")?;
-        }
-        Ok(())
-    }
-}
-
-const RELAYS_SQL: &str = "SELECT relay_id, mode, state, \
-    CAST(state_since AS TEXT) AS state_since, \
-    CAST(CASE WHEN heartbeat_until > now() THEN 1 ELSE 0 END AS BIGINT) AS live, \
-    last_error, CAST(session_pid AS TEXT) AS session FROM outbox_relays ORDER BY relay_id";
-
-async fn status(url: &str) -> Result<(), Fatal> {
-    use diesel_async::RunQueryDsl;
-    check_migrated(url).await?;
-    let (backend, url) = backend_of(url)?;
-    let counts = "SELECT \
-        SUM(CASE WHEN published_at IS NULL AND dead_at IS NULL THEN 1 ELSE 0 END) AS pending, \
-        SUM(CASE WHEN published_at IS NULL AND dead_at IS NULL AND locked_by IS NOT NULL THEN 1 ELSE 0 END) AS in_flight, \
-        SUM(CASE WHEN dead_at IS NOT NULL AND published_at IS NULL THEN 1 ELSE 0 END) AS dead, \
-        CAST(MIN(CASE WHEN published_at IS NULL AND dead_at IS NULL THEN created_at END) AS CHAR(40)) AS oldest_pending \
-        FROM outbox_events";
-    let counts_pg = "SELECT \
-        COUNT(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL) AS pending, \
-        COUNT(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL AND locked_by IS NOT NULL) AS in_flight, \
-        COUNT(*) FILTER (WHERE dead_at IS NOT NULL AND published_at IS NULL) AS dead, \
-        MIN(created_at) FILTER (WHERE published_at IS NULL AND dead_at IS NULL)::text AS oldest_pending \
-        FROM outbox_events";
-    let owners = "SELECT owner, COUNT(*) AS shards FROM outbox_shard_leases \
-        WHERE owner IS NOT NULL GROUP BY owner ORDER BY owner";
-    let unreachable =
-        |e: diesel::ConnectionError| Fatal(format!("cannot connect to {}: {e}", describe(&url)));
-    let (row, owners, relays): (StatusRow, Vec<OwnerRow>, Vec<RelayStatus>) = match backend {
-        Backend::Postgres => {
-            let mut c = diesel_async::AsyncPgConnection::establish(&url)
-                .await
-                .map_err(unreachable)?;
-            (
-                diesel::sql_query(counts_pg).get_result(&mut c).await?,
-                diesel::sql_query(owners).load(&mut c).await?,
-                diesel::sql_query(RELAYS_SQL).load(&mut c).await?,
-            )
-        }
-        Backend::Mysql => {
-            let mut c = diesel_async::AsyncMysqlConnection::establish(&url)
-                .await
-                .map_err(unreachable)?;
-            let counts = counts
-                .replace("SUM(", "CAST(SUM(")
-                .replace(" AS pending", " AS SIGNED) AS pending")
-                .replace(" AS in_flight", " AS SIGNED) AS in_flight")
-                .replace(" AS dead,", " AS SIGNED) AS dead,");
-            let relays = RELAYS_SQL
-                .replace("AS TEXT) AS state_since", "AS CHAR(40)) AS state_since")
-                .replace("now()", "UTC_TIMESTAMP(6)")
-                .replace("AS BIGINT", "AS SIGNED")
-                .replace("CAST(session_pid AS TEXT)", "session_lock");
-            (
-                diesel::sql_query(counts).get_result(&mut c).await?,
-                diesel::sql_query(owners).load(&mut c).await?,
-                diesel::sql_query(relays).load(&mut c).await?,
-            )
-        }
-        Backend::Sqlite => {
-            let mut c = sqlite_connection(&url).await?;
-            let counts = counts
-                .replace("CAST(MIN(", "(MIN(")
-                .replace(" AS CHAR(40))", ")")
-                .replace("SUM(", "TOTAL(");
-            let counts = counts
-                .replace("TOTAL(", "CAST(TOTAL(")
-                .replace(" AS pending", " AS INTEGER) AS pending")
-                .replace(" AS in_flight", " AS INTEGER) AS in_flight")
-                .replace(" AS dead,", " AS INTEGER) AS dead,");
-            let relays = RELAYS_SQL
-                .replace("now()", "strftime('%Y-%m-%d %H:%M:%f', 'now')")
-                .replace("AS BIGINT", "AS INTEGER")
-                .replace("CAST(session_pid AS TEXT)", "NULL");
-            (
-                diesel::sql_query(counts).get_result(&mut c).await?,
-                diesel::sql_query(owners).load(&mut c).await?,
-                diesel::sql_query(relays).load(&mut c).await?,
-            )
-        }
-    };
-    println!("pending:        {}", row.pending);
-    println!("in flight:      {}", row.in_flight);
-    println!("dead letters:   {}", row.dead);
-    println!(
-        "oldest pending: {}",
-        row.oldest_pending.as_deref().unwrap_or("-")
-    );
-    if owners.is_empty() {
-        println!("shard owners:   none");
-    } else {
-        for o in owners {
-            println!("shard owner:    {} ({} shards)", o.owner, o.shards);
-        }
-    }
-    if relays.is_empty() {
-        println!("relays:         none");
-    }
-    for r in &relays {
-        println!("relay:          {r}");
-    }
-    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -587,14 +473,24 @@ fn main() -> ExitCode {
                 } else {
                     println!("applied migrations: {}", applied.join(", "));
                 }
-                Ok(())
+                Ok(ExitCode::SUCCESS)
             }
-            Command::Relay(args) => relay(args).await,
-            Command::Status { database_url } => status(&database_url).await,
+            Command::Relay(args) => relay(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Status { database_url, json } => ops::status(&database_url, json).await,
+            Command::Dead {
+                database_url,
+                command,
+            } => {
+                let url = database_url
+                    .ok_or_else(|| Fatal("pass --database-url or set DATABASE_URL".to_owned()))?;
+                ops::dead(&url, command).await
+            }
+            Command::Replay(args) => ops::replay(args).await,
+            Command::Cleanup(args) => ops::cleanup(args).await,
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(Fatal(message)) => {
             eprintln!("error: {message}");
             ExitCode::FAILURE

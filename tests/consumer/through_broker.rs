@@ -758,3 +758,55 @@ async fn effects_per_order(
         .map(|r| (r.order_id, (r.n, r.cents)))
         .collect()
 }
+
+// ---------------------------------------------------------------------------------------------
+// A topic that appears after the consumer started
+
+/// A consumer subscribed (as a group member) to a topic that does not exist yet picks it up
+/// within seconds of its creation (here: by the first publish), not after librdkafka's
+/// default 5-minute metadata refresh.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_created_after_the_consumer_started_is_picked_up_within_seconds() {
+    type C = diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+    let db = Arc::new(with_effects_async::<C>(TestDatabase::sqlite("late_topic")).await);
+    let topic = unique("late");
+    let handler_db = db.clone();
+    let faults = Arc::new(Faults::default());
+    let consumer = KafkaConsumer::builder()
+        .brokers(bootstrap())
+        .group(unique("late"))
+        .topic(&topic)
+        .handler(move |event: Envelope<OrderCreated>| {
+            let (db, faults) = (handler_db.clone(), faults.clone());
+            async move {
+                let mut conn = C::open(&db).await;
+                bill(&mut conn, event, &faults)
+                    .await
+                    .map_err(|e| format!("{e:?}"))
+            }
+        })
+        .build()
+        .unwrap();
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(consumer.run(async move {
+        stopped.await.ok();
+    }));
+    // The consumer looks for the topic and finds nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    publish(&topic, &[claimed(&order(1))]).await;
+    let published = Instant::now();
+    while n(&stats.applied) < 1 {
+        assert!(
+            published.elapsed() < Duration::from_secs(60),
+            "the consumer did not pick up the new topic within 60 s: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = published.elapsed();
+    stop.send(()).unwrap();
+    task.await.unwrap();
+    eprintln!("a topic created after the consumer started: applied {took:?} after the publish");
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+}

@@ -14,7 +14,7 @@ use crate::scenarios::{fill, pending_pg};
 use crate::support::*;
 
 /// The broker the outage tests cut: a private tansu broker behind a proxy.
-pub(crate) use crate::chaos::services::PrivateBroker as CuttableBroker;
+pub(crate) use crate::chaos::services::{PrivateBroker as CuttableBroker, free_port};
 
 /// What `outbox status` prints about the relays.
 fn status_relays(url: &str) -> String {

@@ -13,6 +13,8 @@ mod faults;
 mod harness;
 mod holds;
 mod inputs;
+mod metrics;
+mod ops;
 mod scenarios;
 mod takeover;
 

@@ -404,6 +404,9 @@ fn poison_event_is_dead_lettered_and_blocks_its_aggregate() {
     let db = TestDatabase::postgres("e2e_poison");
     let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
     conn.transaction_with_outbox(|tx| {
+        // Above the broker's `message.max.bytes`, which the outbox's own limit (1,000,000 by
+        // default) would refuse at `publish`: raised here so that the broker refuses it.
+        tx.set_max_payload_bytes(4 << 20);
         tx.publish(&Huge {
             order_id: 666,
             blob: "x".repeat(3 << 20),

@@ -23,6 +23,11 @@ pub trait Backend: 'static {
     /// Reverts (with their `down.sql`) the migrations newer than `version`, so a test can
     /// write rows that later constraints would refuse.
     fn revert_after(db: &TestDatabase, version: &str);
+    /// The connection the admin API runs on.
+    type AdminConn: outbox::relay::admin::AdminConnection;
+    /// An admin connection to the database.
+    #[allow(async_fn_in_trait)]
+    async fn admin(db: &TestDatabase) -> Self::AdminConn;
 }
 
 macro_rules! revert_after {
@@ -68,6 +73,13 @@ pub struct Postgres;
 
 #[cfg(feature = "postgres")]
 impl Backend for Postgres {
+    type AdminConn = diesel_async::AsyncPgConnection;
+    async fn admin(db: &TestDatabase) -> Self::AdminConn {
+        use diesel_async::AsyncConnection;
+        <diesel_async::AsyncPgConnection>::establish(&db.url)
+            .await
+            .unwrap()
+    }
     type Store = outbox::relay::PgRelayStore;
     const SESSIONS: bool = true;
     fn database(label: &str) -> TestDatabase {
@@ -102,6 +114,13 @@ pub struct Mysql;
 
 #[cfg(feature = "mysql")]
 impl Backend for Mysql {
+    type AdminConn = diesel_async::AsyncMysqlConnection;
+    async fn admin(db: &TestDatabase) -> Self::AdminConn {
+        use diesel_async::AsyncConnection;
+        <diesel_async::AsyncMysqlConnection>::establish(&db.url)
+            .await
+            .unwrap()
+    }
     type Store = outbox::relay::MysqlRelayStore;
     const SESSIONS: bool = true;
     fn database(label: &str) -> TestDatabase {
@@ -146,6 +165,12 @@ fn sqlite_conn(db: &TestDatabase) -> diesel::SqliteConnection {
 
 #[cfg(feature = "sqlite")]
 impl Backend for Sqlite {
+    type AdminConn =
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+    async fn admin(db: &TestDatabase) -> Self::AdminConn {
+        use diesel_async::AsyncConnection;
+        <diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>>::establish(&db.url).await.unwrap()
+    }
     type Store = outbox::relay::SqliteRelayStore;
     const SESSIONS: bool = false;
     fn database(label: &str) -> TestDatabase {

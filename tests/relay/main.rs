@@ -7,6 +7,7 @@
 #[path = "../integration/support.rs"]
 mod support;
 
+mod admin_suite;
 mod backends;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod foreign_rows;

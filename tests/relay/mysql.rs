@@ -3,6 +3,7 @@
 use crate::backends::Mysql;
 
 crate::store_suite!(Mysql);
+crate::admin_suite!(Mysql);
 
 #[tokio::test]
 async fn malformed_id_is_dead_lettered() {
@@ -137,4 +138,10 @@ async fn deadlock_victim_is_run_again() {
     other.join().unwrap();
     // Without the retry, `complete` fails with "Deadlock found when trying to get lock".
     assert_eq!(marked, 2);
+}
+
+#[tokio::test]
+#[ignore = "fills 1,000,000 rows; run with --ignored to measure"]
+async fn cleanup_timing_1m() {
+    crate::admin_suite::cleanup_timing::<Mysql>("INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version, payload, headers, shard, created_at, available_at, published_at) SELECT UUID(), 'order', CAST(seq % 1000 AS CHAR), 'Paid', 1, '{\"amount\": 1}', '{}', seq % 256, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 2 DAY + INTERVAL seq MICROSECOND FROM seq_1_to_1000000").await;
 }

@@ -718,6 +718,30 @@ pub async fn malformed_rows_are_dead_lettered<B: Backend>() {
     );
 }
 
+/// A store on a database without the outbox's tables says which table is missing and how to
+/// create it, in one line.
+pub async fn missing_tables_are_named<B: Backend>() {
+    let db = B::database("no_tables");
+    B::revert_after(&db, "0");
+    let mut s = B::store(&db);
+    let e = s.claim(&unordered("r", 10)).await.unwrap_err().to_string();
+    assert!(
+        e.contains("the table `outbox_events` does not exist") && e.contains("outbox migrate"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "{e}");
+    let health = health(Mode::Sharded, RelayState::Running, false);
+    let e = s
+        .heartbeat("r", LEASE, &health)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the table `outbox_relays` does not exist"),
+        "{e}"
+    );
+}
+
 /// Instantiates the suite for one backend.
 #[macro_export]
 macro_rules! store_suite {
@@ -751,6 +775,10 @@ macro_rules! store_suite {
         #[tokio::test]
         async fn malformed_rows_are_dead_lettered() {
             s::malformed_rows_are_dead_lettered::<$backend>().await;
+        }
+        #[tokio::test]
+        async fn missing_tables_are_named() {
+            s::missing_tables_are_named::<$backend>().await;
         }
         #[tokio::test]
         async fn cleanup_in_bounded_batches() {

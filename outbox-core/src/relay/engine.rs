@@ -5,35 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+#[path = "settle.rs"]
+mod settle;
+
 use super::stats::{RelayStats, SplitMix};
 use super::{
-    Claim, ClaimOrder, DeadLetterPolicy, Delivery, Failure, Mode, OutboxMessage, Publisher,
-    RelayConfig, RelayHealth, RelayState, RelayStore, StoreError,
+    Claim, ClaimOrder, DeadLetterPolicy, Delivery, Mode, Publisher, RelayConfig, RelayHealth,
+    RelayState, RelayStore, StoreError,
 };
-
-/// Runs a store call until it succeeds or `deadline` passes (then the rows go back to the
-/// pool by lease expiry), backing off between tries.
-macro_rules! retry_until {
-    ($self:ident, $deadline:expr, $call:expr) => {{
-        let mut attempt = 0u32;
-        loop {
-            attempt += 1;
-            match $call.await {
-                Ok(v) => break Some(v),
-                Err(e) => {
-                    RelayStats::add(&$self.stats.store_errors, 1);
-                    let wait = $self.config.outage_backoff.delay(attempt, $self.rng.unit());
-                    if Instant::now() + wait >= $deadline {
-                        tracing::error!(error = %e, "could not settle a batch before its lease ran out; its rows will be claimed again");
-                        break None;
-                    }
-                    tracing::warn!(error = %e, retry_in = ?wait, "settling a batch failed, retrying");
-                    tokio::time::sleep(wait).await;
-                }
-            }
-        }
-    }};
-}
 
 /// A relay: claims batches from a [`RelayStore`], publishes them with a [`Publisher`]
 /// outside any transaction, and settles each message (published, retry later, dead letter,
@@ -130,6 +109,11 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             if self.config.mode != Mode::Unordered && Instant::now() >= next_ownership {
                 match self.renew_ownership().await {
                     Ok(now_active) => {
+                        self.stats.database_reached();
+                        if self.config.mode == Mode::Leader {
+                            metrics::gauge!("outbox_relay_leader")
+                                .set(f64::from(u8::from(now_active)));
+                        }
                         if now_active != active {
                             tracing::info!(relay = %self.config.relay_id, active = now_active, "relay ownership changed");
                         }
@@ -174,8 +158,14 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 lease: self.config.lease,
                 order: self.claim_order(),
             };
+            let started = Instant::now();
             let batch = match self.store.claim(&claim).await {
-                Ok(batch) => batch,
+                Ok(batch) => {
+                    metrics::histogram!("outbox_relay_claim_duration_seconds")
+                        .record(started.elapsed());
+                    self.stats.database_reached();
+                    batch
+                }
                 Err(e) => {
                     self.outage_wait(&mut shutdown, &mut stopping, &mut outage, e)
                         .await;
@@ -190,11 +180,16 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 }
                 continue;
             }
-            RelayStats::add(&self.stats.claimed, batch.len());
-            RelayStats::add(&self.stats.batches, 1);
+            RelayStats::add(
+                &self.stats.claimed,
+                "outbox_relay_claimed_total",
+                batch.len(),
+            );
+            RelayStats::add(&self.stats.batches, "outbox_relay_batches_total", 1);
 
             // A publish that does not finish in time has an unknown outcome: an outage, not
             // the events' fault. They go back and are published again (at least once).
+            let started = Instant::now();
             let every = self.liveness_every();
             let published = {
                 let publish = tokio::time::timeout(
@@ -221,6 +216,8 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                                 .is_ok()
                             {
                                 self.reported = Some(RelayState::WaitingForBroker);
+                                self.stats.database_reached();
+                                self.stats.waiting_for_broker.store(true, Ordering::Relaxed);
                                 self.last_error = Some(error);
                             }
                         }
@@ -237,13 +234,24 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                     batch.len()
                 ],
             };
-            match self.settle(&batch, deliveries).await {
+            metrics::histogram!("outbox_relay_publish_duration_seconds").record(started.elapsed());
+            let started = Instant::now();
+            let settled = self.settle(&batch, deliveries).await;
+            metrics::histogram!("outbox_relay_mark_duration_seconds").record(started.elapsed());
+            self.stats
+                .waiting_for_broker
+                .store(settled.is_some(), Ordering::Relaxed);
+            match settled {
                 Some(error) => {
                     // The broker is unavailable: the batch went back whole (order kept, no
                     // attempt counted); wait with the outage backoff, capped so delivery
                     // resumes soon after the broker returns.
                     broker_outage = broker_outage.saturating_add(1);
-                    RelayStats::add(&self.stats.broker_waits, 1);
+                    RelayStats::add(
+                        &self.stats.broker_waits,
+                        "outbox_relay_broker_waits_total",
+                        1,
+                    );
                     let wait = self
                         .config
                         .outage_backoff
@@ -296,12 +304,17 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         match heartbeat(&mut self.store, &self.config, state, last_error).await {
             Ok(()) => {
                 self.reported = Some(state);
+                self.stats.database_reached();
                 if self.id_conflict.take().is_some() {
                     tracing::info!(relay = %relay, "relay id free again: the other relay with it is gone; working");
                 }
             }
             Err(e) => {
-                RelayStats::add(&self.stats.store_errors, 1);
+                RelayStats::add(
+                    &self.stats.store_errors,
+                    "outbox_relay_store_errors_total",
+                    1,
+                );
                 match e.relay_id_in_use() {
                     // A misconfiguration, not an outage: an error, once per change.
                     Some(conflict) => {
@@ -321,12 +334,16 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         match self.store.reap_dead_relays(relay).await {
             Ok(dead) if !dead.is_empty() => {
                 tracing::warn!(relay = %relay, reaped = ?dead, "replaced relays whose database session ended");
-                RelayStats::add(&self.stats.reaped, dead.len());
+                RelayStats::add(&self.stats.reaped, "outbox_relay_reaped_total", dead.len());
                 true
             }
             Ok(_) => false,
             Err(e) => {
-                RelayStats::add(&self.stats.store_errors, 1);
+                RelayStats::add(
+                    &self.stats.store_errors,
+                    "outbox_relay_store_errors_total",
+                    1,
+                );
                 tracing::warn!(error = %e, "looking for dead relays failed");
                 false
             }
@@ -367,6 +384,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 self.stats
                     .shards
                     .store(assignment.owned.len() as u64, Ordering::Relaxed);
+                metrics::gauge!("outbox_relay_shards").set(assignment.owned.len() as f64);
                 Ok(!assignment.owned.is_empty())
             }
         }
@@ -380,7 +398,11 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         error: StoreError,
     ) {
         *outage = outage.saturating_add(1);
-        RelayStats::add(&self.stats.store_errors, 1);
+        RelayStats::add(
+            &self.stats.store_errors,
+            "outbox_relay_store_errors_total",
+            1,
+        );
         let wait = self.config.outage_backoff.delay(*outage, self.rng.unit());
         if error.relay_id_in_use().is_some() {
             // Logged as an error by the heartbeat when it began; a reminder while it lasts.
@@ -389,105 +411,6 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             tracing::warn!(error = %error, retry_in = ?wait, "outbox store unavailable");
         }
         sleep_or_stop(shutdown, stopping, wait).await;
-    }
-
-    /// Records each message's outcome. Store errors here are retried until the lease would
-    /// have run out; after that the rows return to the pool by lease expiry (and published
-    /// ones are published again: at-least-once). Returns the first outage error if the broker
-    /// was unavailable for any message of the batch.
-    async fn settle(
-        &mut self,
-        batch: &[OutboxMessage],
-        mut deliveries: Vec<Delivery>,
-    ) -> Option<String> {
-        if deliveries.len() != batch.len() {
-            tracing::error!(
-                expected = batch.len(),
-                got = deliveries.len(),
-                "publisher broke its contract: wrong number of outcomes"
-            );
-            // Not the events' fault: give them back without counting an attempt.
-            deliveries.resize(
-                batch.len(),
-                Delivery::Unavailable("publisher returned no outcome for this message".into()),
-            );
-        }
-        let mut published = Vec::new();
-        let mut failures = Vec::new();
-        let mut released = Vec::new();
-        let mut outage: Option<String> = None;
-        let mut unavailable = 0usize;
-        let mut dead = 0usize;
-        for (message, delivery) in batch.iter().zip(deliveries) {
-            match delivery {
-                Delivery::Published => published.push(message.seq),
-                Delivery::NotAttempted => released.push(message.seq),
-                // An outage: the row goes back as it was (`attempts - 1`, available now). In
-                // the ordered modes the later events of its aggregate in this batch were not
-                // attempted (or were unavailable too) and go back with it, so order is kept.
-                Delivery::Unavailable(error) => {
-                    unavailable += 1;
-                    released.push(message.seq);
-                    outage.get_or_insert(error);
-                }
-                Delivery::Failed(error) => {
-                    let attempt = u32::try_from(message.attempts).unwrap_or(1).max(1);
-                    let retry_after = if attempt >= self.config.max_attempts {
-                        dead += 1;
-                        tracing::error!(
-                            seq = message.seq, id = %message.id, event_type = %message.event_type,
-                            attempts = attempt, error = %error, "event dead-lettered"
-                        );
-                        None
-                    } else {
-                        tracing::warn!(
-                            seq = message.seq, id = %message.id, attempts = attempt, error = %error,
-                            "publish failed, will retry"
-                        );
-                        Some(self.config.backoff.delay(attempt, self.rng.unit()))
-                    };
-                    failures.push(Failure {
-                        seq: message.seq,
-                        error,
-                        retry_after,
-                    });
-                }
-            }
-        }
-
-        let relay = self.config.relay_id.as_str();
-        let deadline = Instant::now() + self.config.lease;
-        let completion = self.config.completion;
-        if !published.is_empty()
-            && let Some(n) = retry_until!(
-                self,
-                deadline,
-                self.store.complete(relay, &published, completion)
-            )
-        {
-            RelayStats::add(&self.stats.published, n as usize);
-            let fenced = published.len().saturating_sub(n as usize);
-            if fenced > 0 {
-                tracing::warn!(
-                    fenced,
-                    "published rows whose lease had passed to another relay"
-                );
-            }
-            RelayStats::add(&self.stats.fenced, fenced);
-        }
-        if !failures.is_empty()
-            && retry_until!(self, deadline, self.store.fail(relay, &failures)).is_some()
-        {
-            RelayStats::add(&self.stats.retried, failures.len() - dead);
-            RelayStats::add(&self.stats.dead_lettered, dead);
-        }
-        if !released.is_empty()
-            && let Some(n) = retry_until!(self, deadline, self.store.release(relay, &released))
-        {
-            RelayStats::add(&self.stats.released, n as usize);
-        }
-        RelayStats::add(&self.stats.unavailable, unavailable);
-        outage
     }
 }
 

@@ -13,6 +13,7 @@ mod config;
 mod engine;
 mod health;
 mod memory;
+mod metrics;
 mod publisher;
 mod stats;
 mod store;
@@ -24,6 +25,7 @@ pub use config::{
 pub use engine::Relay;
 pub use health::{RelayHealth, RelayState};
 pub use memory::{MemoryBroker, MemoryStore, Record, message_headers, test_message};
+pub use metrics::{METRICS, describe_metrics};
 pub use publisher::{Delivery, OutboxMessage, Publisher};
 pub use stats::RelayStats;
 #[cfg(feature = "kafka")]

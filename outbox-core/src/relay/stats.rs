@@ -34,11 +34,44 @@ pub struct RelayStats {
     pub active: AtomicBool,
     /// Shards held (sharded mode).
     pub shards: AtomicU64,
+    /// When the relay last reached its database (a claim, heartbeat or lease renewal that
+    /// succeeded), in milliseconds since the Unix epoch; 0 before the first.
+    pub database_reached_ms: AtomicU64,
+    /// Whether the relay is waiting for the broker (its last batch met an outage).
+    pub waiting_for_broker: AtomicBool,
 }
 
 impl RelayStats {
-    pub(crate) fn add(counter: &AtomicU64, n: usize) {
+    /// Adds `n` to `counter` and to the `metrics` counter `metric`.
+    pub(crate) fn add(counter: &AtomicU64, metric: &'static str, n: usize) {
         counter.fetch_add(n as u64, Ordering::Relaxed);
+        if n > 0 {
+            metrics::counter!(metric).increment(n as u64);
+        }
+    }
+
+    /// Records that the database answered just now.
+    pub(crate) fn database_reached(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.database_reached_ms.store(now, Ordering::Relaxed);
+    }
+
+    /// Ready: the database answered within `within` and the broker is not known to be down.
+    ///
+    /// ```
+    /// let stats = outbox_core::relay::RelayStats::default();
+    /// assert!(!stats.ready(std::time::Duration::from_secs(30)), "never reached the database");
+    /// ```
+    pub fn ready(&self, within: std::time::Duration) -> bool {
+        let last = self.database_reached_ms.load(Ordering::Relaxed);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        last > 0
+            && now.saturating_sub(last) <= u64::try_from(within.as_millis()).unwrap_or(u64::MAX)
+            && !self.waiting_for_broker.load(Ordering::Relaxed)
     }
 }
 

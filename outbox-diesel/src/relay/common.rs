@@ -60,6 +60,41 @@ pub fn connect_error(backend: &str, e: impl std::fmt::Display) -> StoreError {
     )
 }
 
+/// A store error for `operation`; a missing outbox table (the migrations have not run) says
+/// so in one line, naming the table and the command that creates it, instead of the
+/// database's own wording.
+pub(crate) fn store_error(operation: &'static str, e: diesel::result::Error) -> StoreError {
+    match missing_table(&e) {
+        Some(table) => StoreError::new(
+            operation,
+            format!(
+                "the table `{table}` does not exist: the outbox's migrations have not run on                  this database; run `outbox migrate --database-url …` (or                  `outbox::migrations::run`) first"
+            ),
+        ),
+        None => StoreError::new(operation, e),
+    }
+}
+
+/// The outbox table a database error says is missing: PostgreSQL `relation "x" does not
+/// exist`, MySQL/MariaDB `Table 'db.x' doesn't exist`, SQLite `no such table: x`.
+pub(crate) fn missing_table(e: &diesel::result::Error) -> Option<String> {
+    let diesel::result::Error::DatabaseError(_, info) = e else {
+        return None;
+    };
+    let m = info.message();
+    let name = if let Some(rest) = m.strip_prefix("relation \"") {
+        rest.split('"').next()
+    } else if let Some(rest) = m.strip_prefix("Table '") {
+        rest.split('\'').next().and_then(|t| t.rsplit('.').next())
+    } else {
+        m.strip_prefix("no such table: ")
+    }?;
+    let missing = m.ends_with("does not exist")
+        || m.ends_with("doesn't exist")
+        || m.starts_with("no such table");
+    (missing && name.starts_with("outbox_")).then(|| name.trim().to_owned())
+}
+
 /// A claimed row the relay cannot publish as it is: dead-lettered at once (never published
 /// with a field dropped or invented), with a `last_error` naming the column and its value.
 pub(crate) fn malformed(seq: i64, column: &str, value: &str, why: &str) -> Failure {

@@ -10,6 +10,8 @@
 //! lease expiry; SQLite runs in-process, so its clock is the relay's, and it is meant for one
 //! relay (see `SqliteRelayStore`).
 
+#[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
+pub mod admin;
 mod common;
 #[cfg(feature = "mysql_backend")]
 mod mysql;

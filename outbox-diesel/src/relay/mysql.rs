@@ -161,7 +161,7 @@ const RELEASE_LEADER: &str = "DELETE FROM outbox_leader WHERE holder = ?";
 const FORGET_RELAY: &str = "DELETE FROM outbox_relays WHERE relay_id = ?";
 
 /// MySQL's single-table `DELETE` takes `ORDER BY … LIMIT` directly.
-const CLEANUP: &str = "DELETE FROM outbox_events \
+pub(crate) const CLEANUP: &str = "DELETE FROM outbox_events \
      WHERE published_at IS NOT NULL \
        AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
      ORDER BY published_at LIMIT ?";
@@ -413,7 +413,7 @@ impl MysqlRelayStore {
     fn check<T>(&mut self, op: &'static str, r: diesel::QueryResult<T>) -> Result<T, StoreError> {
         r.map_err(|e| {
             self.conn = None;
-            StoreError::new(op, e)
+            super::common::store_error(op, e)
         })
     }
 }

@@ -159,7 +159,7 @@ const RELEASE_SHARDS: &str =
 const RELEASE_LEADER: &str = "DELETE FROM outbox_leader WHERE holder = $1";
 const FORGET_RELAY: &str = "DELETE FROM outbox_relays WHERE relay_id = $1";
 
-const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
+pub(crate) const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
      SELECT seq FROM outbox_events \
      WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1) \
      ORDER BY published_at LIMIT $2)";
@@ -289,7 +289,7 @@ impl PgRelayStore {
     fn check<T>(&mut self, op: &'static str, r: diesel::QueryResult<T>) -> Result<T, StoreError> {
         r.map_err(|e| {
             self.conn = None;
-            StoreError::new(op, e)
+            super::common::store_error(op, e)
         })
     }
 }

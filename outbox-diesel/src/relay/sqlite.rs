@@ -141,7 +141,7 @@ const RELEASE_LEADER: &str = "DELETE FROM outbox_leader WHERE holder = ?1";
 const FORGET_RELAY: &str = "DELETE FROM outbox_relays WHERE relay_id = ?1";
 
 /// `?1` cut-off, `?2` limit.
-const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
+pub(crate) const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
      SELECT seq FROM outbox_events \
      WHERE published_at IS NOT NULL AND published_at < ?1 \
      ORDER BY published_at LIMIT ?2)";
@@ -402,7 +402,7 @@ impl SqliteRelayStore {
         let r = conn.spawn_blocking(f).await;
         r.map_err(|e| {
             self.conn = None;
-            StoreError::new(op, e)
+            super::common::store_error(op, e)
         })
     }
 }

@@ -7,7 +7,7 @@ use rdkafka::error::KafkaError;
 use crate::kafka::KafkaConfigError;
 
 /// Consumer settings applied before the user's.
-pub(super) const DEFAULTS: [(&str, &str); 5] = [
+pub(super) const DEFAULTS: [(&str, &str); 6] = [
     ("enable.auto.offset.store", "false"),
     ("enable.auto.commit", "true"),
     // A new group starts from the beginning: an outbox consumer must not skip events that
@@ -15,6 +15,11 @@ pub(super) const DEFAULTS: [(&str, &str); 5] = [
     ("auto.offset.reset", "earliest"),
     ("enable.partition.eof", "false"),
     ("client.id", "outbox-consumer"),
+    // How often librdkafka refreshes topic metadata; it is also how soon a group member
+    // notices a subscribed topic that was created after it started (librdkafka's default,
+    // 300,000 ms, left such a consumer idle for five minutes). One small metadata request
+    // every 5 s per consumer.
+    ("topic.metadata.refresh.interval.ms", "5000"),
 ];
 
 /// Settings the dead-letter producer takes from the consumer's, so that it reaches the same

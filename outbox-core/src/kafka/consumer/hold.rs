@@ -118,9 +118,12 @@ impl KafkaConsumer {
             match sent {
                 Ok(topic) => {
                     tracing::info!(dead_letter_topic = %topic, topic = message.topic(), offset = message.offset(), "dead letter written");
-                    ConsumerStats::add(&self.stats.dead_lettered);
+                    ConsumerStats::add(
+                        &self.stats.dead_lettered,
+                        "outbox_consumer_dead_lettered_total",
+                    );
                     if let Kind::Parked(_) = kind {
-                        ConsumerStats::add(&self.stats.parked);
+                        ConsumerStats::add(&self.stats.parked, "outbox_consumer_parked_total");
                     } else if self.settings.after_dead_letter == AfterDeadLetter::ParkKey
                         && let Some((topic, key)) = self.parking.park(message)
                     {
@@ -159,7 +162,7 @@ impl KafkaConsumer {
             )
             .and_then(|()| self.consumer.store_offsets(&next));
         match stored {
-            Ok(()) => ConsumerStats::add(&self.stats.done),
+            Ok(()) => ConsumerStats::add(&self.stats.done, "outbox_consumer_done_total"),
             // The partition was revoked meanwhile: its new owner reads the message again and
             // the inbox recognises it.
             Err(e) => tracing::warn!(

@@ -242,7 +242,7 @@ impl KafkaConsumer {
                     }
                 }
             };
-            ConsumerStats::add(&self.stats.received);
+            ConsumerStats::add(&self.stats.received, "outbox_consumer_received_total");
             let done = self.handle(&message, &mut stop).await;
             if let Done::Yes = done {
                 self.store(&message);
@@ -311,6 +311,7 @@ impl KafkaConsumer {
             };
             // Its own task: a handler that panics fails this attempt instead of the consumer
             // (which, restarted, would read the same message and panic again).
+            let started = std::time::Instant::now();
             let mut run = tokio::spawn(run);
             let joined = tokio::select! {
                 biased;
@@ -333,20 +334,25 @@ impl KafkaConsumer {
                 }
             };
             let outcome = joined.unwrap_or_else(|e| Err(Permanent::new(panic_message(e)).into()));
+            metrics::histogram!("outbox_consumer_handler_duration_seconds")
+                .record(started.elapsed());
             let error = match outcome {
                 Ok(Handled::Applied) => {
-                    ConsumerStats::add(&self.stats.applied);
+                    ConsumerStats::add(&self.stats.applied, "outbox_consumer_applied_total");
                     return Done::Yes;
                 }
                 Ok(Handled::Duplicate) => {
-                    ConsumerStats::add(&self.stats.duplicates);
+                    ConsumerStats::add(&self.stats.duplicates, "outbox_consumer_duplicate_total");
                     return Done::Yes;
                 }
                 Err(error) => error,
             };
             let text = chain_text(&*error);
             let wait = if self.classify(&*error) == ErrorClass::Transient {
-                ConsumerStats::add(&self.stats.transient_errors);
+                ConsumerStats::add(
+                    &self.stats.transient_errors,
+                    "outbox_consumer_transient_errors_total",
+                );
                 outage += 1;
                 let wait = self.settings.outage_backoff.delay(outage, self.rng.unit());
                 // Every failure of a long outage at `warn` would flood the log: the first, then
@@ -362,7 +368,10 @@ impl KafkaConsumer {
                 }
                 wait
             } else {
-                ConsumerStats::add(&self.stats.handler_errors);
+                ConsumerStats::add(
+                    &self.stats.handler_errors,
+                    "outbox_consumer_handler_errors_total",
+                );
                 outage = 0;
                 attempt += 1;
                 if attempt >= self.settings.max_attempts {
@@ -411,7 +420,7 @@ impl KafkaConsumer {
                     offset = message.offset(), error = %error,
                     "skipping a message that cannot be handled"
                 );
-                ConsumerStats::add(&self.stats.skipped);
+                ConsumerStats::add(&self.stats.skipped, "outbox_consumer_skipped_total");
                 Done::Yes
             }
             UndecodablePolicy::DeadLetter => {

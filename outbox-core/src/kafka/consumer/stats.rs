@@ -31,8 +31,10 @@ pub struct ConsumerStats {
 }
 
 impl ConsumerStats {
-    pub(crate) fn add(counter: &AtomicU64) {
+    /// Adds one to `counter` and to the `metrics` counter `metric`.
+    pub(crate) fn add(counter: &AtomicU64, metric: &'static str) {
         counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(metric).increment(1);
     }
 
     /// The value of a counter, e.g. `stats.get(&stats.applied)`.

@@ -1,0 +1,158 @@
+//! Settling a published batch: each message's outcome recorded on its row, only where the
+//! relay still holds the lease.
+
+use std::time::Instant;
+
+use super::super::stats::RelayStats;
+use super::super::{Delivery, Failure, OutboxMessage, Publisher, RelayStore};
+use super::Relay;
+
+/// Runs a store call until it succeeds or `deadline` passes (then the rows go back to the
+/// pool by lease expiry), backing off between tries.
+macro_rules! retry_until {
+    ($self:ident, $deadline:expr, $call:expr) => {{
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            match $call.await {
+                Ok(v) => break Some(v),
+                Err(e) => {
+                    RelayStats::add(&$self.stats.store_errors, "outbox_relay_store_errors_total", 1);
+                    let wait = $self.config.outage_backoff.delay(attempt, $self.rng.unit());
+                    if Instant::now() + wait >= $deadline {
+                        tracing::error!(error = %e, "could not settle a batch before its lease ran out; its rows will be claimed again");
+                        break None;
+                    }
+                    tracing::warn!(error = %e, retry_in = ?wait, "settling a batch failed, retrying");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }};
+}
+
+impl<S: RelayStore, P: Publisher> Relay<S, P> {
+    /// Records each message's outcome. Store errors here are retried until the lease would
+    /// have run out; after that the rows return to the pool by lease expiry (and published
+    /// ones are published again: at-least-once). Returns the first outage error if the broker
+    /// was unavailable for any message of the batch.
+    pub(super) async fn settle(
+        &mut self,
+        batch: &[OutboxMessage],
+        mut deliveries: Vec<Delivery>,
+    ) -> Option<String> {
+        if deliveries.len() != batch.len() {
+            tracing::error!(
+                expected = batch.len(),
+                got = deliveries.len(),
+                "publisher broke its contract: wrong number of outcomes"
+            );
+            // Not the events' fault: give them back without counting an attempt.
+            deliveries.resize(
+                batch.len(),
+                Delivery::Unavailable("publisher returned no outcome for this message".into()),
+            );
+        }
+        let mut published = Vec::new();
+        let mut failures = Vec::new();
+        let mut released = Vec::new();
+        let mut outage: Option<String> = None;
+        let mut unavailable = 0usize;
+        let mut dead = 0usize;
+        for (message, delivery) in batch.iter().zip(deliveries) {
+            match delivery {
+                Delivery::Published => {
+                    published.push(message.seq);
+                    let latency = (chrono::Utc::now() - message.created_at).to_std();
+                    metrics::histogram!("outbox_relay_commit_to_ack_seconds")
+                        .record(latency.unwrap_or_default());
+                }
+                Delivery::NotAttempted => released.push(message.seq),
+                // An outage: the row goes back as it was (`attempts - 1`, available now). In
+                // the ordered modes the later events of its aggregate in this batch were not
+                // attempted (or were unavailable too) and go back with it, so order is kept.
+                Delivery::Unavailable(error) => {
+                    unavailable += 1;
+                    released.push(message.seq);
+                    outage.get_or_insert(error);
+                }
+                Delivery::Failed(error) => {
+                    let attempt = u32::try_from(message.attempts).unwrap_or(1).max(1);
+                    let retry_after = if attempt >= self.config.max_attempts {
+                        dead += 1;
+                        tracing::error!(
+                            seq = message.seq, id = %message.id, event_type = %message.event_type,
+                            attempts = attempt, error = %error, "event dead-lettered"
+                        );
+                        None
+                    } else {
+                        tracing::warn!(
+                            seq = message.seq, id = %message.id, attempts = attempt, error = %error,
+                            "publish failed, will retry"
+                        );
+                        Some(self.config.backoff.delay(attempt, self.rng.unit()))
+                    };
+                    failures.push(Failure {
+                        seq: message.seq,
+                        error,
+                        retry_after,
+                    });
+                }
+            }
+        }
+
+        let relay = self.config.relay_id.as_str();
+        let deadline = Instant::now() + self.config.lease;
+        let completion = self.config.completion;
+        if !published.is_empty()
+            && let Some(n) = retry_until!(
+                self,
+                deadline,
+                self.store.complete(relay, &published, completion)
+            )
+        {
+            RelayStats::add(
+                &self.stats.published,
+                "outbox_relay_published_total",
+                n as usize,
+            );
+            let fenced = published.len().saturating_sub(n as usize);
+            if fenced > 0 {
+                tracing::warn!(
+                    fenced,
+                    "published rows whose lease had passed to another relay"
+                );
+            }
+            RelayStats::add(&self.stats.fenced, "outbox_relay_fenced_total", fenced);
+        }
+        if !failures.is_empty()
+            && retry_until!(self, deadline, self.store.fail(relay, &failures)).is_some()
+        {
+            RelayStats::add(
+                &self.stats.retried,
+                "outbox_relay_retried_total",
+                failures.len() - dead,
+            );
+            RelayStats::add(
+                &self.stats.dead_lettered,
+                "outbox_relay_dead_lettered_total",
+                dead,
+            );
+        }
+        if !released.is_empty()
+            && let Some(n) = retry_until!(self, deadline, self.store.release(relay, &released))
+        {
+            RelayStats::add(
+                &self.stats.released,
+                "outbox_relay_released_total",
+                n as usize,
+            );
+        }
+        RelayStats::add(
+            &self.stats.unavailable,
+            "outbox_relay_unavailable_total",
+            unavailable,
+        );
+        outage
+    }
+}

@@ -1,0 +1,351 @@
+//! The admin API's public types and the rows its statements return.
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Double, Integer, Nullable, Text};
+use serde::Serialize;
+
+/// Which events an admin operation selects. Every field is optional and they combine with
+/// AND; the default selects every row the operation applies to (every dead letter, every
+/// published event).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Exactly these `seq`s.
+    pub seqs: Option<Vec<i64>>,
+    /// `seq >= from_seq`.
+    pub from_seq: Option<i64>,
+    /// `seq <= to_seq`.
+    pub to_seq: Option<i64>,
+    /// Written (`created_at`) at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Written (`created_at`) before this time.
+    pub until: Option<DateTime<Utc>>,
+    /// Of this aggregate type.
+    pub aggregate_type: Option<String>,
+    /// Of this aggregate id.
+    pub aggregate_id: Option<String>,
+    /// Of this event type.
+    pub event_type: Option<String>,
+}
+
+impl Filter {
+    /// Whether the filter selects everything (no field set).
+    pub fn is_empty(&self) -> bool {
+        *self == Filter::default()
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), AdminError> {
+        if let (Some(a), Some(b)) = (self.from_seq, self.to_seq)
+            && a > b
+        {
+            return Err(AdminError::InvalidFilter(format!(
+                "from_seq {a} is after to_seq {b}"
+            )));
+        }
+        if let (Some(a), Some(b)) = (self.since, self.until)
+            && a >= b
+        {
+            return Err(AdminError::InvalidFilter(format!(
+                "since {a} is not before until {b}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `seqs` as a JSON array (MySQL's and SQLite's binding of a list).
+    #[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+    pub(crate) fn seqs_json(&self) -> Option<String> {
+        self.seqs
+            .as_ref()
+            .map(|s| serde_json::Value::from(s.clone()).to_string())
+    }
+}
+
+/// An error of an admin operation.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// The database refused or failed a statement.
+    Database {
+        /// What the operation was doing, e.g. `"count events"`.
+        operation: &'static str,
+        /// The database's error.
+        source: diesel::result::Error,
+    },
+    /// The connection could not be made.
+    Connect(diesel::ConnectionError),
+    /// A filter that can select nothing (e.g. `from_seq` after `to_seq`).
+    InvalidFilter(String),
+    /// A value read back that is not what the schema promises (e.g. a time that does not
+    /// parse): names the column and the value.
+    Malformed {
+        /// The column.
+        column: &'static str,
+        /// The value as read.
+        value: String,
+    },
+}
+
+impl std::fmt::Display for AdminError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminError::Database { operation, source } => {
+                write!(f, "cannot {operation}: {source}")
+            }
+            AdminError::Connect(e) => write!(f, "cannot connect: {e}"),
+            AdminError::InvalidFilter(e) => write!(f, "invalid selection: {e}"),
+            AdminError::Malformed { column, value } => {
+                write!(f, "column `{column}` holds an unexpected value {value:?}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AdminError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            AdminError::Database { source, .. } => Some(source),
+            AdminError::Connect(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<diesel::ConnectionError> for AdminError {
+    fn from(e: diesel::ConnectionError) -> Self {
+        AdminError::Connect(e)
+    }
+}
+
+/// `r` with its error as [`AdminError::Database`] during `operation`.
+pub(crate) fn db<T>(operation: &'static str, r: diesel::QueryResult<T>) -> Result<T, AdminError> {
+    r.map_err(|source| AdminError::Database { operation, source })
+}
+
+/// The outbox's state, as `outbox status --json` prints it (field names as here).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
+pub struct Status {
+    /// Events not yet published and not dead-lettered (includes `in_flight` and `retrying`).
+    pub pending: i64,
+    /// Pending events leased by a relay right now (being published).
+    pub in_flight: i64,
+    /// Pending events that failed at least once and wait for their retry time.
+    pub retrying: i64,
+    /// Dead letters: failed `max_attempts` times (or malformed); not published.
+    pub dead: i64,
+    /// Published events still in the table (see retention).
+    pub published: i64,
+    /// When the oldest pending event was written (UTC), if any.
+    pub oldest_pending: Option<DateTime<Utc>>,
+    /// Its age in seconds, on the database's clock.
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Aggregates with a dead letter and a later pending event: under
+    /// `DeadLetterPolicy::Block` these later events wait for `outbox dead retry|purge`.
+    pub blocked_aggregates: i64,
+    /// Every relay that heartbeats in `outbox_relays`, by id.
+    pub relays: Vec<RelayInfo>,
+    /// The relay holding the leadership lease (leader mode), if any.
+    pub leader: Option<String>,
+}
+
+/// A relay as its heartbeat row shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
+pub struct RelayInfo {
+    /// Its id.
+    pub relay_id: String,
+    /// `unordered`, `sharded` or `leader`.
+    pub mode: String,
+    /// `running`, `waiting_for_broker` or `standby`.
+    pub state: String,
+    /// Since when (UTC), if recorded.
+    pub state_since: Option<DateTime<Utc>>,
+    /// Whether its heartbeat is current (`false`: it stopped or died, and its row goes away
+    /// when a peer reaps it).
+    pub live: bool,
+    /// Its last outage, if it is in one.
+    pub last_error: Option<String>,
+    /// Its database session (PostgreSQL backend pid, MySQL lock name), if it records one.
+    pub session: Option<String>,
+    /// Shards whose lease it holds (sharded mode).
+    pub shards: i64,
+}
+
+/// A dead-lettered event.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// Its position in the outbox.
+    pub seq: i64,
+    /// Its event id, as stored (text: a malformed id is shown as it is).
+    pub id: String,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// Event schema version.
+    pub event_version: i32,
+    /// Its explicit topic, if any.
+    pub topic: Option<String>,
+    /// Failed attempts.
+    pub attempts: i32,
+    /// When it was written (UTC).
+    pub created_at: DateTime<Utc>,
+    /// When it was dead-lettered (UTC).
+    pub dead_at: Option<DateTime<Utc>>,
+    /// Why.
+    pub last_error: Option<String>,
+}
+
+/// Times as every backend's admin SQL renders them: `YYYY-MM-DD HH:MM:SS.ffffff`, UTC.
+pub(crate) fn parse_time(column: &'static str, s: &str) -> Result<DateTime<Utc>, AdminError> {
+    NaiveDateTime::parse_from_str(s.trim(), "%Y-%m-%d %H:%M:%S%.f")
+        .map(|t| t.and_utc())
+        .map_err(|_| AdminError::Malformed {
+            column,
+            value: s.to_owned(),
+        })
+}
+
+fn parse_opt(column: &'static str, s: Option<String>) -> Result<Option<DateTime<Utc>>, AdminError> {
+    s.map(|s| parse_time(column, &s)).transpose()
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct CountsRow {
+    #[diesel(sql_type = BigInt)]
+    pending: i64,
+    #[diesel(sql_type = BigInt)]
+    in_flight: i64,
+    #[diesel(sql_type = BigInt)]
+    retrying: i64,
+    #[diesel(sql_type = BigInt)]
+    dead: i64,
+    #[diesel(sql_type = BigInt)]
+    published: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    oldest_pending: Option<String>,
+    #[diesel(sql_type = Nullable<Double>)]
+    oldest_pending_age: Option<f64>,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct RelayRow {
+    #[diesel(sql_type = Text)]
+    relay_id: String,
+    #[diesel(sql_type = Text)]
+    mode: String,
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    state_since: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    live: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    last_error: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    session: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    shards: i64,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct LeaderRow {
+    #[diesel(sql_type = Text)]
+    pub holder: String,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct NRow {
+    #[diesel(sql_type = BigInt)]
+    pub n: i64,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct BoundRow {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub last: Option<i64>,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct DeadRow {
+    #[diesel(sql_type = BigInt)]
+    seq: i64,
+    #[diesel(sql_type = Text)]
+    id: String,
+    #[diesel(sql_type = Text)]
+    aggregate_type: String,
+    #[diesel(sql_type = Text)]
+    aggregate_id: String,
+    #[diesel(sql_type = Text)]
+    event_type: String,
+    #[diesel(sql_type = Integer)]
+    event_version: i32,
+    #[diesel(sql_type = Nullable<Text>)]
+    topic: Option<String>,
+    #[diesel(sql_type = Integer)]
+    attempts: i32,
+    #[diesel(sql_type = Text)]
+    created_at: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    dead_at: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    last_error: Option<String>,
+}
+
+impl DeadRow {
+    pub(crate) fn into_dead_letter(self) -> Result<DeadLetter, AdminError> {
+        Ok(DeadLetter {
+            created_at: parse_time("created_at", &self.created_at)?,
+            dead_at: parse_opt("dead_at", self.dead_at)?,
+            seq: self.seq,
+            id: self.id,
+            aggregate_type: self.aggregate_type,
+            aggregate_id: self.aggregate_id,
+            event_type: self.event_type,
+            event_version: self.event_version,
+            topic: self.topic,
+            attempts: self.attempts,
+            last_error: self.last_error,
+        })
+    }
+}
+
+/// Puts a status together from its three queries' rows.
+pub(crate) fn status(
+    c: CountsRow,
+    blocked: i64,
+    relays: Vec<RelayRow>,
+    leader: Option<String>,
+) -> Result<Status, AdminError> {
+    let relays = relays
+        .into_iter()
+        .map(|r| {
+            Ok(RelayInfo {
+                state_since: parse_opt("state_since", r.state_since)?,
+                relay_id: r.relay_id,
+                mode: r.mode,
+                state: r.state,
+                live: r.live != 0,
+                last_error: r.last_error,
+                session: r.session,
+                shards: r.shards,
+            })
+        })
+        .collect::<Result<_, AdminError>>()?;
+    Ok(Status {
+        pending: c.pending,
+        in_flight: c.in_flight,
+        retrying: c.retrying,
+        dead: c.dead,
+        published: c.published,
+        oldest_pending: parse_opt("created_at", c.oldest_pending)?,
+        oldest_pending_age_seconds: c.oldest_pending_age.map(|a| a.max(0.0)),
+        blocked_aggregates: blocked,
+        relays,
+        leader,
+    })
+}

@@ -1,0 +1,393 @@
+//! `outbox status`, `outbox dead list|retry|purge`, `outbox replay`, `outbox cleanup`: each
+//! maps its flags to one call of the library's admin API (`outbox::relay::admin`).
+//!
+//! Destructive commands (`dead retry`, `dead purge`, `replay`, `cleanup`) change nothing
+//! without `--yes`: they print what they would do and exit with status 2.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel_async::AsyncConnection;
+use outbox::relay::admin::{
+    Admin, DEFAULT_CLEANUP_BATCH, DEFAULT_REPLAY_BATCH, DeadLetter, Filter, Status,
+};
+
+use super::{Backend, Fatal, backend_of, check_migrated, describe, sqlite_connection};
+
+/// Exit status of a destructive command run without `--yes`.
+const NOT_CONFIRMED: u8 = 2;
+
+/// Which events a command selects (they combine with AND).
+#[derive(clap::Args, Debug, Default)]
+pub struct FilterArgs {
+    /// Exactly these seqs (repeatable, or comma-separated).
+    #[arg(long = "seq", value_delimiter = ',')]
+    seq: Vec<i64>,
+    /// Seqs from this one (inclusive).
+    #[arg(long)]
+    from_seq: Option<i64>,
+    /// Seqs up to this one (inclusive).
+    #[arg(long)]
+    to_seq: Option<i64>,
+    /// Written at or after this time: RFC 3339 (`2026-11-30T08:00:00Z`) or a duration ago
+    /// (`2h`, `3days`).
+    #[arg(long, value_parser = parse_time)]
+    since: Option<DateTime<Utc>>,
+    /// Written before this time: RFC 3339 or a duration ago.
+    #[arg(long, value_parser = parse_time)]
+    until: Option<DateTime<Utc>>,
+    /// Of this aggregate type.
+    #[arg(long)]
+    aggregate_type: Option<String>,
+    /// Of this aggregate id.
+    #[arg(long)]
+    aggregate_id: Option<String>,
+    /// Of this event type.
+    #[arg(long)]
+    event_type: Option<String>,
+}
+
+impl FilterArgs {
+    fn filter(&self) -> Filter {
+        Filter {
+            seqs: (!self.seq.is_empty()).then(|| self.seq.clone()),
+            from_seq: self.from_seq,
+            to_seq: self.to_seq,
+            since: self.since,
+            until: self.until,
+            aggregate_type: self.aggregate_type.clone(),
+            aggregate_id: self.aggregate_id.clone(),
+            event_type: self.event_type.clone(),
+        }
+    }
+}
+
+fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    let ago = humantime::parse_duration(s).map_err(|_| {
+        format!("`{s}` is neither an RFC 3339 time (2026-11-30T08:00:00Z) nor a duration (2h)")
+    })?;
+    let ago = chrono::Duration::from_std(ago).map_err(|_| format!("`{s}` is too long ago"))?;
+    Utc::now()
+        .checked_sub_signed(ago)
+        .ok_or_else(|| format!("`{s}` is too long ago"))
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("`{s}` is not a duration such as 30d, 12h or 90m: {e}"))
+}
+
+/// `outbox dead …`.
+#[derive(clap::Subcommand, Debug)]
+pub enum DeadCommand {
+    /// List dead letters, oldest first.
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Show dead letters after this seq (the last seq of the previous page).
+        #[arg(long, default_value_t = 0)]
+        after_seq: i64,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make dead letters pending again (attempts 0, due now): the relay publishes them, and
+    /// an ordered aggregate's later events follow in order.
+    Retry {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Select every dead letter (needed when no filter is given).
+        #[arg(long)]
+        all: bool,
+        /// Do it (without: print what would be done and exit 2).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Delete dead letters (only dead rows): an ordered aggregate's later events move on
+    /// without them.
+    Purge {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Select every dead letter (needed when no filter is given).
+        #[arg(long)]
+        all: bool,
+        /// Do it (without: print what would be done and exit 2).
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// `outbox replay`.
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Select every published event (needed when no filter is given).
+    #[arg(long)]
+    all: bool,
+    /// Rows per statement.
+    #[arg(long, default_value_t = DEFAULT_REPLAY_BATCH)]
+    batch: usize,
+    /// Do it (without: print what would be done and exit 2).
+    #[arg(long)]
+    yes: bool,
+}
+
+/// `outbox cleanup`.
+#[derive(clap::Args, Debug)]
+pub struct CleanupArgs {
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// Delete published events published longer ago than this (`30d`, `12h`).
+    #[arg(long, value_parser = parse_duration)]
+    older_than: Duration,
+    /// Rows per statement (each its own short transaction).
+    #[arg(long, default_value_t = DEFAULT_CLEANUP_BATCH)]
+    batch: usize,
+    /// Do it (without: print what would be done and exit 2).
+    #[arg(long)]
+    yes: bool,
+}
+
+/// Runs `$body` with `$admin` bound to an [`Admin`] on the URL's backend.
+macro_rules! with_admin {
+    ($url:expr, |$admin:ident| $body:expr) => {{
+        let url: &str = $url;
+        check_migrated(url).await?;
+        let (backend, url) = backend_of(url)?;
+        let unreachable = |e: diesel::ConnectionError| {
+            Fatal(format!("cannot connect to {}: {e}", describe(&url)))
+        };
+        match backend {
+            Backend::Postgres => {
+                let c = diesel_async::AsyncPgConnection::establish(&url)
+                    .await
+                    .map_err(unreachable)?;
+                let mut $admin = Admin::new(c);
+                $body
+            }
+            Backend::Mysql => {
+                let c = diesel_async::AsyncMysqlConnection::establish(&url)
+                    .await
+                    .map_err(unreachable)?;
+                let mut $admin = Admin::new(c);
+                $body
+            }
+            Backend::Sqlite => {
+                let c = sqlite_connection(&url).await?;
+                let mut $admin = Admin::new(c);
+                $body
+            }
+        }
+    }};
+}
+
+/// `outbox status [--json]`.
+pub async fn status(url: &str, json: bool) -> Result<ExitCode, Fatal> {
+    let status = with_admin!(url, |admin| admin.status().await?);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print_status(&status);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_status(s: &Status) {
+    println!("pending:            {}", s.pending);
+    println!("  in flight:        {}", s.in_flight);
+    println!("  waiting to retry: {}", s.retrying);
+    println!("dead letters:       {}", s.dead);
+    println!("blocked aggregates: {}", s.blocked_aggregates);
+    println!("published (kept):   {}", s.published);
+    match (s.oldest_pending, s.oldest_pending_age_seconds) {
+        (Some(at), Some(age)) => println!("oldest pending:     {at} ({age:.1} s ago)"),
+        _ => println!("oldest pending:     -"),
+    }
+    println!("leader:             {}", s.leader.as_deref().unwrap_or("-"));
+    if s.relays.is_empty() {
+        println!("relays:             none");
+    }
+    for r in &s.relays {
+        print!(
+            "relay:              {} ({}): {}",
+            r.relay_id, r.mode, r.state
+        );
+        if let Some(since) = r.state_since {
+            print!(" since {since}");
+        }
+        if r.shards > 0 {
+            print!(", {} shards", r.shards);
+        }
+        if !r.live {
+            print!(", heartbeat expired");
+        }
+        if let Some(session) = &r.session {
+            print!(", session {session}");
+        }
+        println!();
+        if let Some(error) = &r.last_error {
+            println!("                    last outage: {error}");
+        }
+    }
+}
+
+fn print_dead(d: &DeadLetter) {
+    println!(
+        "{:>8}  {}  {}/{}  {} v{}  attempts {}  dead {}  {}",
+        d.seq,
+        d.id,
+        d.aggregate_type,
+        d.aggregate_id,
+        d.event_type,
+        d.event_version,
+        d.attempts,
+        d.dead_at.map(|t| t.to_string()).unwrap_or_default(),
+        d.last_error.as_deref().unwrap_or("")
+    );
+}
+
+/// A selection that needs `--all` when it is empty.
+fn selection(filter: &FilterArgs, all: bool, what: &str) -> Result<Filter, Fatal> {
+    let f = filter.filter();
+    match (f.is_empty(), all) {
+        (true, false) => Err(Fatal(format!(
+            "select the {what} (--seq, --from-seq, --to-seq, --since, --until, --aggregate-type, --aggregate-id, --event-type) or pass --all"
+        ))),
+        (false, true) => Err(Fatal(format!(
+            "--all selects every {what}: do not combine it with a filter"
+        ))),
+        _ => Ok(f),
+    }
+}
+
+fn not_confirmed(message: String) -> ExitCode {
+    println!("{message}; nothing changed: pass --yes to do it");
+    ExitCode::from(NOT_CONFIRMED)
+}
+
+/// `outbox dead …`.
+pub async fn dead(url: &str, command: DeadCommand) -> Result<ExitCode, Fatal> {
+    match command {
+        DeadCommand::List {
+            filter,
+            after_seq,
+            limit,
+            json,
+        } => {
+            let filter = filter.filter();
+            let rows = with_admin!(url, |admin| admin
+                .dead_letters(&filter, after_seq, limit)
+                .await?);
+            for d in &rows {
+                if json {
+                    println!("{}", serde_json::to_string(d)?);
+                } else {
+                    print_dead(d);
+                }
+            }
+            if !json && rows.len() == limit {
+                eprintln!(
+                    "(more may follow: --after-seq {})",
+                    rows[rows.len() - 1].seq
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        DeadCommand::Retry { filter, all, yes } => {
+            let filter = selection(&filter, all, "dead letters")?;
+            with_admin!(url, |admin| {
+                if !yes {
+                    let n = admin.count(&filter, true).await?;
+                    return Ok(not_confirmed(format!("would retry {n} dead letters")));
+                }
+                let n = admin.retry_dead(&filter).await?;
+                println!("retried {n} dead letters");
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        DeadCommand::Purge { filter, all, yes } => {
+            let filter = selection(&filter, all, "dead letters")?;
+            with_admin!(url, |admin| {
+                if !yes {
+                    let n = admin.count(&filter, true).await?;
+                    return Ok(not_confirmed(format!("would delete {n} dead letters")));
+                }
+                let n = admin.purge_dead(&filter).await?;
+                println!("deleted {n} dead letters");
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// A progress bar on a terminal, nothing otherwise.
+fn progress(total: u64, what: &'static str) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{msg} [{bar:40}] {pos}/{len} ({per_sec}, {eta} left)",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what);
+    bar
+}
+
+/// `outbox replay`.
+pub async fn replay(args: ReplayArgs) -> Result<ExitCode, Fatal> {
+    let filter = selection(&args.filter, args.all, "published events")?;
+    with_admin!(&args.database_url, |admin| {
+        let n = admin.count(&filter, false).await?;
+        if !args.yes {
+            return Ok(not_confirmed(format!(
+                "would publish {n} events again, with their original ids"
+            )));
+        }
+        let bar = progress(n.max(0) as u64, "replaying");
+        let done = admin
+            .replay(&filter, args.batch, |d| bar.set_position(d))
+            .await?;
+        bar.finish_and_clear();
+        println!("replayed {done} events: the relay publishes them again");
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `outbox cleanup`.
+pub async fn cleanup(args: CleanupArgs) -> Result<ExitCode, Fatal> {
+    if !args.yes {
+        return Ok(not_confirmed(format!(
+            "would delete the events published more than {} ago, {} per statement",
+            humantime::format_duration(args.older_than),
+            args.batch
+        )));
+    }
+    with_admin!(&args.database_url, |admin| {
+        let bar = if std::io::stderr().is_terminal() {
+            indicatif::ProgressBar::new_spinner()
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        let done = admin
+            .cleanup(args.older_than, args.batch, |d| {
+                bar.set_message(format!("deleted {d}"))
+            })
+            .await?;
+        bar.finish_and_clear();
+        println!("deleted {done} published events");
+    });
+    Ok(ExitCode::SUCCESS)
+}
