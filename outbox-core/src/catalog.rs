@@ -101,11 +101,13 @@ pub struct CatalogEntry {
 impl CatalogEntry {
     /// `aggregate/EventType vN`, as messages name an event version.
     pub fn name(&self) -> String {
-        format!(
-            "{}/{} v{}",
-            self.aggregate_type, self.event_type, self.version
-        )
+        version_name(self.aggregate_type, self.event_type, self.version)
     }
+}
+
+/// `aggregate/EventType vN`: how messages (and schema snapshots) name an event version.
+pub(crate) fn version_name(aggregate_type: &str, event_type: &str, version: u32) -> String {
+    format!("{aggregate_type}/{event_type} v{version}")
 }
 
 /// Every event type of a program, sorted by aggregate, event type and version.

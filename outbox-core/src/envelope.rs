@@ -434,7 +434,7 @@ struct Meta<'a> {
 }
 
 fn describe(t: &EventType) -> String {
-    format!("{}/{} v{}", t.aggregate_type, t.event_type, t.version)
+    crate::catalog::version_name(t.aggregate_type, t.event_type, t.version)
 }
 
 fn required<'a>(

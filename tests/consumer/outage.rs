@@ -29,7 +29,7 @@ use outbox::{Envelope, idempotent};
 
 use crate::conns::*;
 use crate::support::*;
-use crate::through_broker::{bootstrap, claimed, n, publisher, topic, unique};
+use crate::through_broker::{bootstrap, n, publisher, topic, unique};
 
 const OUTAGE: Duration = Duration::from_secs(20);
 const KEYS: i64 = 20;

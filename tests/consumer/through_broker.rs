@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use outbox::kafka::{ConsumerStats, KafkaConsumer, KafkaPublisher};
 use outbox::relay::{Backoff, Delivery, OutboxMessage, Publisher};
-use outbox::{Envelope, Headers, NewMessage, Outcome, idempotent};
+use outbox::{Envelope, Outcome, idempotent};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -97,25 +97,6 @@ async fn publish(topic: &str, messages: &[OutboxMessage]) {
         outcomes.iter().all(|o| *o == Delivery::Published),
         "{outcomes:?}"
     );
-}
-
-/// An outbox message as the relay claims it.
-pub(crate) fn claimed(event: &OrderCreated) -> OutboxMessage {
-    let m = NewMessage::from_event(event, Headers::new()).unwrap();
-    OutboxMessage {
-        seq: 0,
-        id: m.id,
-        aggregate_type: m.aggregate_type.into_owned(),
-        aggregate_id: m.aggregate_id,
-        event_type: m.event_type.into_owned(),
-        event_version: m.event_version,
-        payload: m.payload,
-        headers: m.headers,
-        topic: None,
-        shard: m.shard,
-        created_at: m.created_at,
-        attempts: 1,
-    }
 }
 
 fn order(order_id: i64) -> OrderCreated {

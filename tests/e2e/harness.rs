@@ -27,13 +27,35 @@ pub fn unique_prefix(label: &str) -> String {
     format!("t{}-{label}.", uuid::Uuid::now_v7().simple())
 }
 
-/// An `outbox relay` process.
+/// The relay settings the tests use unless they set them: short, so the tests run fast.
+pub const TEST_DEFAULTS: &[[&str; 2]] = &[
+    ["--lease", "6000"],
+    ["--message-timeout", "2000"],
+    ["--poll-interval", "100"],
+    ["--retry-initial", "100"],
+    ["--retry-max", "1000"],
+];
+
 /// The `outbox` binary: `OUTBOX_BIN` if set (a copy of this build's binary, for a target
 /// directory that other builds share and may overwrite mid-run), else Cargo's.
 pub fn outbox_bin() -> String {
     std::env::var("OUTBOX_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox").to_owned())
 }
 
+/// Runs `outbox <args>` to completion; asserts it succeeded (else fails with its stderr) and
+/// returns its stdout.
+pub fn outbox_ok(args: &[&str]) -> String {
+    let out = Command::new(outbox_bin()).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "outbox {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// An `outbox relay` process.
 pub struct RelayProcess {
     pub child: Child,
     pub log: PathBuf,
@@ -41,37 +63,38 @@ pub struct RelayProcess {
 }
 
 impl RelayProcess {
+    /// `outbox relay --mode <mode>` with the test defaults ([`TEST_DEFAULTS`]) for every flag
+    /// `extra` does not set.
     pub fn spawn(db_url: &str, brokers: &str, mode: &str, prefix: &str, extra: &[&str]) -> Self {
+        let defaults = TEST_DEFAULTS
+            .iter()
+            .filter(|[flag, _]| !extra.contains(flag))
+            .flatten()
+            .copied();
+        let args: Vec<&str> = defaults.chain(extra.iter().copied()).collect();
+        Self::start(&outbox_bin(), "relay", db_url, brokers, mode, prefix, &args)
+    }
+
+    /// `<bin> relay --mode <mode>` with `args` only (the relay's own defaults for the rest),
+    /// under a fresh relay id `<label>-<pid>-<n>`, logging to a temporary file.
+    pub fn start(
+        bin: &str,
+        label: &str,
+        db_url: &str,
+        brokers: &str,
+        mode: &str,
+        prefix: &str,
+        args: &[&str],
+    ) -> Self {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let id = format!("relay-{}-{n}", std::process::id());
+        let id = format!("{label}-{}-{n}", std::process::id());
         let log = std::env::temp_dir().join(format!("outbox-e2e-{id}.log"));
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(outbox_bin())
-            .args([
-                "relay",
-                "--database-url",
-                db_url,
-                "--brokers",
-                brokers,
-                "--mode",
-                mode,
-            ])
-            .args(["--topic-prefix", prefix, "--relay-id", &id])
-            // Test defaults, unless `extra` sets them.
-            .args(
-                [
-                    ["--lease", "6000"],
-                    ["--message-timeout", "2000"],
-                    ["--poll-interval", "100"],
-                    ["--retry-initial", "100"],
-                    ["--retry-max", "1000"],
-                ]
-                .into_iter()
-                .filter(|[flag, _]| !extra.contains(flag))
-                .flatten(),
-            )
-            .args(extra)
+        let child = Command::new(bin)
+            .args(["relay", "--database-url", db_url, "--brokers", brokers])
+            .args(["--mode", mode, "--topic-prefix", prefix, "--relay-id", &id])
+            .args(args)
             .env("RUST_LOG", "info,librdkafka=error,rdkafka::client=off")
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
@@ -134,9 +157,14 @@ impl Consumed {
     }
 }
 
-/// Reads `topic` from the beginning of every partition (assigned, no consumer group) until
-/// `expected` messages arrived or `deadline` passed.
-pub fn consume(brokers: &str, topic: &str, expected: usize, deadline: Duration) -> Vec<Consumed> {
+/// A consumer assigned to every partition of `topic` from the beginning (no group, no
+/// commits), once the topic exists; `None` if it has not appeared by `deadline` after `start`.
+pub fn assigned_consumer(
+    brokers: &str,
+    topic: &str,
+    start: Instant,
+    deadline: Duration,
+) -> Option<BaseConsumer> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", format!("e2e-{}", uuid::Uuid::now_v7().simple()))
@@ -145,23 +173,16 @@ pub fn consume(brokers: &str, topic: &str, expected: usize, deadline: Duration) 
         .set("fetch.wait.max.ms", "100")
         .create()
         .unwrap();
-    let start = Instant::now();
     let partitions = loop {
-        let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(5));
-        if let Ok(md) = md {
-            let n = md
-                .topics()
-                .first()
-                .map(|t| t.partitions().len())
-                .unwrap_or(0);
+        if let Ok(md) = consumer.fetch_metadata(Some(topic), Duration::from_secs(5)) {
+            let n = md.topics().first().map_or(0, |t| t.partitions().len());
             if n > 0 {
                 break n;
             }
         }
-        assert!(
-            start.elapsed() < deadline,
-            "topic {topic} never appeared on {brokers}"
-        );
+        if start.elapsed() > deadline {
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(200));
     };
     let mut tpl = TopicPartitionList::new();
@@ -170,6 +191,15 @@ pub fn consume(brokers: &str, topic: &str, expected: usize, deadline: Duration) 
             .unwrap();
     }
     consumer.assign(&tpl).unwrap();
+    Some(consumer)
+}
+
+/// Reads `topic` from the beginning of every partition (assigned, no consumer group) until
+/// `expected` messages arrived or `deadline` passed.
+pub fn consume(brokers: &str, topic: &str, expected: usize, deadline: Duration) -> Vec<Consumed> {
+    let start = Instant::now();
+    let consumer = assigned_consumer(brokers, topic, start, deadline)
+        .unwrap_or_else(|| panic!("topic {topic} never appeared on {brokers}"));
     let mut out = Vec::with_capacity(expected);
     while out.len() < expected && start.elapsed() < deadline {
         match consumer.poll(Duration::from_millis(200)) {

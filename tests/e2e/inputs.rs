@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use diesel::{Connection, RunQueryDsl};
 
+use crate::harness::outbox_ok;
 use crate::support::*;
 
 /// Runs `outbox relay` with `args` (and the environment changes in `env`), waits at most
@@ -238,18 +239,7 @@ fn migrate_applies_functions_on_mariadb() {
         .unwrap();
     let (base, _) = admin.rsplit_once('/').unwrap();
     let url = format!("{base}/{name}");
-    let run = |url: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
-            .args(["migrate", "--database-url", url])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let run = |url: &str| outbox_ok(&["migrate", "--database-url", url]);
     assert!(run(&url).contains("20261130000005"));
     assert!(run(&url).contains("up to date"));
     let mut db = diesel::MysqlConnection::establish(&url).unwrap();

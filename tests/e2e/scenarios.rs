@@ -47,6 +47,36 @@ pub fn pending_pg(url: &str) -> i64 {
     .n
 }
 
+/// The relay holding the leader lease on PostgreSQL, if any.
+pub fn leader_of(url: &str) -> Option<String> {
+    #[derive(diesel::QueryableByName)]
+    struct H {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        holder: String,
+    }
+    let mut c = diesel::PgConnection::establish(url).unwrap();
+    diesel::sql_query("SELECT holder FROM outbox_leader WHERE lease_until > now()")
+        .load::<H>(&mut c)
+        .unwrap()
+        .pop()
+        .map(|h| h.holder)
+}
+
+/// Waits (30 s at most) for a relay to hold the leader lease on PostgreSQL; returns its id.
+pub fn wait_for_leader(url: &str) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(h) = leader_of(url) {
+            return h;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no leader elected"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn pending_mysql(url: &str) -> i64 {
     let mut c = diesel::MysqlConnection::establish(url).unwrap();
     diesel::sql_query(
@@ -264,30 +294,8 @@ fn leader_fails_over_to_a_standby() {
             )
         })
         .collect();
-    let holder = |url: &str| -> Option<String> {
-        #[derive(diesel::QueryableByName)]
-        struct H {
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            holder: String,
-        }
-        let mut c = diesel::PgConnection::establish(url).unwrap();
-        diesel::sql_query("SELECT holder FROM outbox_leader WHERE lease_until > now()")
-            .load::<H>(&mut c)
-            .unwrap()
-            .pop()
-            .map(|h| h.holder)
-    };
     let start = std::time::Instant::now();
-    let leader = loop {
-        if let Some(h) = holder(&db.url) {
-            break h;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no leader elected"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let leader = wait_for_leader(&db.url);
     // Only the leader has published so far.
     while pending_pg(&db.url) == 5000 && start.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(20));
@@ -300,7 +308,7 @@ fn leader_fails_over_to_a_standby() {
     let killed_at = std::time::Instant::now();
     let death = crate::holds::db_now(&db.url);
     let new_leader = loop {
-        if let Some(h) = holder(&db.url).filter(|h| *h != leader) {
+        if let Some(h) = leader_of(&db.url).filter(|h| *h != leader) {
             break h;
         }
         assert!(

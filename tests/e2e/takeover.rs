@@ -11,7 +11,7 @@ use outbox::prelude::*;
 
 use crate::faults::CuttableBroker;
 use crate::harness::*;
-use crate::scenarios::{fill, pending_mysql, pending_pg};
+use crate::scenarios::{fill, leader_of, pending_mysql, pending_pg, wait_for_leader};
 use crate::support::*;
 
 /// A lease far longer than the takeover bound, so only session detection can pass it.
@@ -147,20 +147,6 @@ fn killed_sharded_relay_is_replaced_in_seconds_mysql() {
     sharded_kill(&db.url, pending_mysql, fill, "takeover_my");
 }
 
-fn leader_of(url: &str) -> Option<String> {
-    #[derive(diesel::QueryableByName)]
-    struct H {
-        #[diesel(sql_type = diesel::sql_types::Text)]
-        holder: String,
-    }
-    let mut c = diesel::PgConnection::establish(url).unwrap();
-    diesel::sql_query("SELECT holder FROM outbox_leader WHERE lease_until > now()")
-        .load::<H>(&mut c)
-        .unwrap()
-        .pop()
-        .map(|h| h.holder)
-}
-
 #[test]
 fn killed_leader_is_replaced_in_seconds() {
     let db = TestDatabase::postgres("e2e_takeover_leader");
@@ -171,16 +157,7 @@ fn killed_leader_is_replaced_in_seconds() {
         .map(|_| RelayProcess::spawn(&db.url, &noida(), "leader", &prefix, ARGS))
         .collect();
     let start = Instant::now();
-    let leader = loop {
-        if let Some(h) = leader_of(&db.url) {
-            break h;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no leader elected"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let leader = wait_for_leader(&db.url);
     while pending_pg(&db.url) == 8_000 {
         assert!(
             start.elapsed() < Duration::from_secs(30),

@@ -308,3 +308,24 @@ impl From<outbox::Error> for AppError {
         AppError::Outbox(e)
     }
 }
+
+/// `event` as a relay hands it to the publisher once claimed: first attempt, no topic of its
+/// own (the publisher's topic applies).
+#[cfg(feature = "relay")]
+pub fn claimed(event: &impl outbox::OutboxEvent) -> outbox::relay::OutboxMessage {
+    let m = outbox::NewMessage::from_event(event, outbox::Headers::new()).unwrap();
+    outbox::relay::OutboxMessage {
+        seq: 0,
+        id: m.id,
+        aggregate_type: m.aggregate_type.into_owned(),
+        aggregate_id: m.aggregate_id,
+        event_type: m.event_type.into_owned(),
+        event_version: m.event_version,
+        payload: m.payload,
+        headers: m.headers,
+        topic: None,
+        shard: m.shard,
+        created_at: m.created_at,
+        attempts: 1,
+    }
+}

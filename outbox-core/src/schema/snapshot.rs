@@ -34,10 +34,7 @@ pub struct SnapshotEntry {
 impl SnapshotEntry {
     /// `aggregate/EventType vN`.
     pub fn name(&self) -> String {
-        format!(
-            "{}/{} v{}",
-            self.aggregate_type, self.event_type, self.version
-        )
+        crate::catalog::version_name(&self.aggregate_type, &self.event_type, self.version)
     }
 
     pub(crate) fn same_event(&self, other: &SnapshotEntry) -> bool {

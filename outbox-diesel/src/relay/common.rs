@@ -39,6 +39,14 @@ impl IdGuard {
             None => Ok(()),
         }
     }
+
+    /// Whether a store connected at `connected_at` may reap peers by their sessions now:
+    /// not while another live relay holds its id, and not before its own connection is
+    /// [`REAP_GRACE`] old.
+    #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+    pub fn may_reap(&self, connected_at: Option<std::time::Instant>) -> bool {
+        self.in_use.is_none() && connected_at.is_some_and(|at| at.elapsed() >= REAP_GRACE)
+    }
 }
 
 /// A store that cannot connect, with what to do about it.

@@ -789,11 +789,7 @@ impl RelayStore for MysqlRelayStore {
 
     async fn reap_dead_relays(&mut self, relay: &str) -> Result<Vec<String>, StoreError> {
         self.conn().await?;
-        if self.guard.in_use.is_some()
-            || self
-                .connected_at
-                .is_none_or(|at| at.elapsed() < mysql_sessions::REAP_GRACE)
-        {
+        if !self.guard.may_reap(self.connected_at) {
             return Ok(Vec::new());
         }
         let conn = self.conn().await?;

@@ -53,8 +53,6 @@ use outbox_core::relay::{RelayHealth, RelayIdInUse};
 
 use super::common::{IN_LIST_MAX, micros, mode_name, placeholders};
 
-pub(super) use super::common::REAP_GRACE;
-
 /// Holds the relay's session lock (if this connection does not already): `held` 1 or 0, the
 /// lock's name, the connection holding it and this connection's id.
 const LOCK: &str = "SELECT CAST(CASE WHEN IS_USED_LOCK(t.name) = CONNECTION_ID() THEN 1 \

@@ -5,12 +5,10 @@
 //! `--max-attempts 2`: an outage is not the events' fault, so it must cost no attempt and
 //! dead-letter nothing.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use super::proxy::Mode;
 use super::services::{PrivateBroker, relay, status};
-use super::storm::tally_line;
 use super::tally::{count_up, dead, outbox_rows, pending, published, wait_settled};
 use super::writers::{WriterSpec, Writers};
 use super::{Area, Row, size};
@@ -91,17 +89,7 @@ fn broker_outage(mode: Mode) {
     let settled =
         wait_settled(&db.url, Duration::from_secs(size(90, 180))).map(|_| restored.elapsed());
     let rows = outbox_rows(&db.url);
-    let want: HashSet<String> = rows
-        .iter()
-        .filter(|r| r.published)
-        .map(|r| r.id.clone())
-        .collect();
-    let records = super::reader::read(
-        &broker.address(),
-        &format!("{prefix}order-lifecycle"),
-        &want,
-        Duration::from_secs(120),
-    );
+    let records = super::reader::read_published(&broker.address(), &prefix, &rows);
     let publish_failures: usize = relays
         .iter()
         .map(|r| r.log_text().matches("publish failed").count())
@@ -149,11 +137,7 @@ fn broker_outage(mode: Mode) {
         status_during.clone(),
     ));
     let t = row.tally.clone();
-    row.target(
-        "0 lost, 0 phantom, 0 out of order",
-        tally_line(&row),
-        t.lost == 0 && t.phantom == 0 && t.out_of_order == 0,
-    );
+    row.target_intact();
     row.target("0 dead letters", t.dead_lettered, t.dead_lettered == 0);
     row.target(
         "every event delivered (none held behind a dead letter)",

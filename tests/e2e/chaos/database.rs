@@ -8,13 +8,11 @@
 //!   each transaction holding its connection a while; the relays have their own connections
 //!   and must be unaffected.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use diesel::{Connection, RunQueryDsl};
 
 use super::services::{PrivatePostgres, relay};
-use super::storm::tally_line;
 use super::tally::{commit_to_publish, count_up, named, outbox_rows, published, wait_settled};
 use super::writers::{WriterLog, WriterSpec, Writers};
 use super::{Area, Row, quantile, secs, size};
@@ -30,17 +28,7 @@ fn finish_common(
     relays: &mut [RelayProcess],
 ) -> Vec<f64> {
     let rows = outbox_rows(url);
-    let want: HashSet<String> = rows
-        .iter()
-        .filter(|r| r.published)
-        .map(|r| r.id.clone())
-        .collect();
-    let records = super::reader::read(
-        &noida(),
-        &format!("{prefix}order-lifecycle"),
-        &want,
-        Duration::from_secs(120),
-    );
+    let records = super::reader::read_published(&noida(), prefix, &rows);
     let exited = relays
         .iter_mut()
         .filter_map(|r| r.child.try_wait().ok())
@@ -63,11 +51,7 @@ fn finish_common(
         ),
     );
     let t = row.tally.clone();
-    row.target(
-        "0 lost, 0 phantom, 0 out of order",
-        tally_line(row),
-        t.lost == 0 && t.phantom == 0 && t.out_of_order == 0,
-    );
+    row.target_intact();
     row.target("0 dead letters", t.dead_lettered, t.dead_lettered == 0);
     commit_to_publish(&rows, &first, log, None)
 }

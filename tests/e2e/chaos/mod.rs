@@ -109,6 +109,18 @@ impl Row {
         });
     }
 
+    /// The target every scenario has, from [`Row::tally`]: nothing lost, nothing phantom,
+    /// nothing out of order.
+    pub fn target_intact(&mut self) {
+        let t = &self.tally;
+        let measured = format!(
+            "{} lost, {} phantom, {} out of order",
+            t.lost, t.phantom, t.out_of_order
+        );
+        let met = t.lost == 0 && t.phantom == 0 && t.out_of_order == 0;
+        self.target("0 lost, 0 phantom, 0 out of order", measured, met);
+    }
+
     /// A timing target: reported always, asserted in the full form only.
     pub fn timing_target(&mut self, what: &str, measured: impl std::fmt::Display, met: bool) {
         self.target(what, measured, met);

@@ -4,10 +4,10 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use super::tally::OutboxRow;
+use crate::harness::assigned_consumer;
 
 #[derive(Debug, Clone)]
 pub struct Record {
@@ -17,6 +17,22 @@ pub struct Record {
     pub id: String,
     /// The record's timestamp (CreateTime: set by the relay's producer when it sends).
     pub timestamp_ms: Option<i64>,
+}
+
+/// Reads back what the relays published of `rows` to `{prefix}order-lifecycle`: until every
+/// published row arrived or 120 s passed, then half a second more.
+pub fn read_published(brokers: &str, prefix: &str, rows: &[OutboxRow]) -> Vec<Record> {
+    let want: HashSet<String> = rows
+        .iter()
+        .filter(|r| r.published)
+        .map(|r| r.id.clone())
+        .collect();
+    read(
+        brokers,
+        &format!("{prefix}order-lifecycle"),
+        &want,
+        Duration::from_secs(120),
+    )
 }
 
 /// Reads `topic` from the beginning of every partition until every id in `want` arrived or
@@ -47,36 +63,10 @@ fn read_until(
     wait: bool,
     mut done: impl FnMut(&Record) -> bool,
 ) -> Vec<Record> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set(
-            "group.id",
-            format!("chaos-{}", uuid::Uuid::now_v7().simple()),
-        )
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("fetch.wait.max.ms", "100")
-        .create()
-        .unwrap();
     let start = Instant::now();
-    let partitions = loop {
-        if let Ok(md) = consumer.fetch_metadata(Some(topic), Duration::from_secs(5)) {
-            let n = md.topics().first().map_or(0, |t| t.partitions().len());
-            if n > 0 {
-                break n;
-            }
-        }
-        if start.elapsed() > deadline {
-            return Vec::new();
-        }
-        std::thread::sleep(Duration::from_millis(200));
+    let Some(consumer) = assigned_consumer(brokers, topic, start, deadline) else {
+        return Vec::new();
     };
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions as i32 {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
     let mut out = Vec::new();
     let mut complete = !wait;
     let mut extra_until: Option<Instant> = None;

@@ -79,6 +79,17 @@ impl PrivateBroker {
     pub fn set(&self, mode: Mode) {
         self.proxy.set(mode);
     }
+
+    /// Cuts every connection and refuses new ones ([`Mode::Refuse`]): the broker keeps
+    /// running, with its data, while its clients see it gone.
+    pub fn cut(&self) {
+        self.set(Mode::Refuse);
+    }
+
+    /// Lets connections through again after [`cut`](Self::cut).
+    pub fn restore(&self) {
+        self.set(Mode::Forward);
+    }
 }
 
 impl Drop for PrivateBroker {
@@ -196,28 +207,15 @@ impl Drop for PrivatePostgres {
 /// An `outbox relay --mode sharded` process with the relay's default settings for everything
 /// else (lease, timeouts, retries, batch size): the suite measures what a user gets.
 pub fn relay(db_url: &str, brokers: &str, prefix: &str, extra: &[&str]) -> RelayProcess {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let id = format!("chaos-{}-{n}", std::process::id());
-    let log = std::env::temp_dir().join(format!("outbox-chaos-{id}.log"));
-    let file = std::fs::File::create(&log).unwrap();
-    let child = Command::new(outbox_bin())
-        .args(["relay", "--database-url", db_url, "--brokers", brokers])
-        .args([
-            "--mode",
-            "sharded",
-            "--topic-prefix",
-            prefix,
-            "--relay-id",
-            &id,
-        ])
-        .args(extra)
-        .env("RUST_LOG", "info,librdkafka=error,rdkafka::client=off")
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(file))
-        .spawn()
-        .expect("the outbox binary runs");
-    RelayProcess { child, log, id }
+    RelayProcess::start(
+        &outbox_bin(),
+        "chaos",
+        db_url,
+        brokers,
+        "sharded",
+        prefix,
+        extra,
+    )
 }
 
 /// The `outbox` binary: `OUTBOX_CHAOS_BIN` if set (a copy of a known build, when other

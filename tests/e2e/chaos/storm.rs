@@ -3,7 +3,6 @@
 //! commit events (some rolled back on purpose) throughout. Repeated kills of this kind are
 //! the "process kill" and "repeated kills" scenarios of queue chaos suites.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use super::services::relay;
@@ -58,17 +57,7 @@ fn chaos_relay_sigkill_storm() {
     let settled = wait_settled(&db.url, Duration::from_secs(300));
     let drain_after_last_write = settled.map(|_| last_write.elapsed());
     let rows = outbox_rows(&db.url);
-    let want: HashSet<String> = rows
-        .iter()
-        .filter(|r| r.published)
-        .map(|r| r.id.clone())
-        .collect();
-    let records = super::reader::read(
-        &brokers,
-        &format!("{prefix}order-lifecycle"),
-        &want,
-        Duration::from_secs(120),
-    );
+    let records = super::reader::read_published(&brokers, &prefix, &rows);
     for r in &mut relays {
         r.terminate();
     }
@@ -102,11 +91,7 @@ fn chaos_relay_sigkill_storm() {
             format!("{:.1} s", d.as_secs_f64())
         }),
     );
-    row.target(
-        "0 lost, 0 phantom, 0 out of order",
-        tally_line(&row),
-        row.tally.lost == 0 && row.tally.phantom == 0 && row.tally.out_of_order == 0,
-    );
+    row.target_intact();
     row.timing_target(
         "median commit → publish ≤ 3 s during the storm",
         fmt(median),
@@ -118,11 +103,4 @@ fn chaos_relay_sigkill_storm() {
         drain_after_last_write.is_some_and(|d| d <= Duration::from_secs(5)),
     );
     row.finish(started);
-}
-
-pub fn tally_line(row: &Row) -> String {
-    format!(
-        "{} lost, {} phantom, {} out of order",
-        row.tally.lost, row.tally.phantom, row.tally.out_of_order
-    )
 }
