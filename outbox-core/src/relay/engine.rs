@@ -108,7 +108,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
 
             if self.config.mode != Mode::Unordered && Instant::now() >= next_ownership {
                 match self.renew_ownership().await {
-                    Ok((now_active, short)) => {
+                    Ok(now_active) => {
                         self.stats.database_reached();
                         if self.config.mode == Mode::Leader {
                             metrics::gauge!("outbox_relay_leader")
@@ -119,18 +119,18 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                         }
                         active = now_active;
                         self.stats.active.store(active, Ordering::Relaxed);
-                        // Owners renew every third of a lease; standbys look every tenth, so a
-                        // dead owner's work moves on soon after its lease ends. A relay short of
-                        // its fair share of shards looks on the liveness cadence: shards that
-                        // others give up (at their own renewal, when a relay joined) would
-                        // otherwise wait up to a third of a lease with nobody claiming them
-                        // (measured in the SIGKILL storm: 10 s stalls after each restart).
-                        let every = if short {
-                            self.liveness_every()
-                        } else if active {
-                            self.config.lease / 3
-                        } else {
-                            self.config.lease / 10
+                        // Sharded relays rebalance on the liveness cadence (a second by
+                        // default): a peer that dies or joins changes everyone's fair share, and
+                        // shards a reap frees beyond the reaper's own share would otherwise wait
+                        // for the others' renewal, a third of a lease (measured in the SIGKILL
+                        // storm: 20 shards without an owner for 9 s after kills, while a relay
+                        // sat below its new share). Leader mode: the leader renews every third
+                        // of a lease, standbys look every tenth, so a dead leader's work moves
+                        // on soon after its lease ends (or at once, when its session is reaped).
+                        let every = match self.config.mode {
+                            Mode::Sharded => self.liveness_every(),
+                            _ if active => self.config.lease / 3,
+                            _ => self.config.lease / 10,
                         };
                         next_ownership = Instant::now() + every;
                     }
@@ -373,17 +373,16 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         }
     }
 
-    /// Renews (or takes) this relay's work: whether it now owns some, and whether it holds
-    /// fewer shards than its fair share (sharded mode).
-    async fn renew_ownership(&mut self) -> Result<(bool, bool), StoreError> {
+    /// Renews (or takes) this relay's work; whether it now owns some.
+    async fn renew_ownership(&mut self) -> Result<bool, StoreError> {
         let relay = &self.config.relay_id;
         match self.config.mode {
-            Mode::Unordered => Ok((true, false)),
-            Mode::Leader => self
-                .store
-                .acquire_leadership(relay, self.config.lease)
-                .await
-                .map(|leads| (leads, false)),
+            Mode::Unordered => Ok(true),
+            Mode::Leader => {
+                self.store
+                    .acquire_leadership(relay, self.config.lease)
+                    .await
+            }
             Mode::Sharded => {
                 let assignment = self
                     .store
@@ -393,9 +392,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                     .shards
                     .store(assignment.owned.len() as u64, Ordering::Relaxed);
                 metrics::gauge!("outbox_relay_shards").set(assignment.owned.len() as f64);
-                let live = assignment.live_relays.max(1);
-                let fair = usize::from(crate::SHARD_COUNT).div_ceil(live);
-                Ok((!assignment.owned.is_empty(), assignment.owned.len() < fair))
+                Ok(!assignment.owned.is_empty())
             }
         }
     }
