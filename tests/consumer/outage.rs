@@ -240,7 +240,10 @@ async fn a_20s_database_outage_dead_letters_nothing_and_applies_everything_once_
     let deadline = restored_at + Duration::from_secs(60);
     let applied_at_restore = n(&stats.applied);
     let mut first_applied = None;
-    while n(&stats.applied) < total {
+    // Done = applied, or recognised by the inbox as applied already: a commit whose answer was
+    // lost in the cut fails the attempt on our side, and its retry is then a duplicate.
+    let done = || n(&stats.applied) + n(&stats.duplicates);
+    while done() < total {
         assert!(
             Instant::now() < deadline,
             "the backlog was not applied within 60 s of the database's return: {stats:?}"
@@ -256,13 +259,13 @@ async fn a_20s_database_outage_dead_letters_nothing_and_applies_everything_once_
     consuming.await.unwrap();
 
     assert_eq!(
-        (
-            n(&stats.dead_lettered),
-            n(&stats.handler_errors),
-            n(&stats.duplicates)
-        ),
-        (0, 0, 0),
+        (n(&stats.dead_lettered), n(&stats.handler_errors)),
+        (0, 0),
         "{stats:?}"
+    );
+    assert!(
+        n(&stats.duplicates) <= n(&stats.transient_errors),
+        "a duplicate only after a failed attempt whose commit went through: {stats:?}"
     );
     assert!(applied_before > 0, "the outage began mid-stream: {stats:?}");
     assert!(n(&stats.transient_errors) > 0, "{stats:?}");
