@@ -61,7 +61,6 @@ pub async fn foreign_inserts_are_relayed_in_order<B: Backend>(
         poll_interval: Duration::from_millis(20),
         lease: Duration::from_secs(5),
         publish_timeout: Duration::from_secs(2),
-        max_attempts: 100,
         backoff: Backoff {
             initial: Duration::from_millis(5),
             max: Duration::from_millis(50),
