@@ -446,10 +446,10 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                // librdkafka repeats every broker-connection error many times a second; the
-                // relay reports what matters (failed publishes, outages) itself.
+                // librdkafka's log and errors are rate-limited by the publisher (a line of a
+                // kind at most once per 30 s): its warnings name the unreachable brokers.
                 .unwrap_or_else(|_| {
-                    tracing_subscriber::EnvFilter::new("info,librdkafka=error,rdkafka::client=off")
+                    tracing_subscriber::EnvFilter::new("info,librdkafka=warn,rdkafka::client=warn")
                 }),
         )
         .with_writer(std::io::stderr)

@@ -17,6 +17,7 @@ mod metrics;
 mod ops;
 mod scenarios;
 mod takeover;
+mod unreachable_broker;
 
 diesel::table! {
     orders (id) {

@@ -8,6 +8,7 @@ use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
 
+use super::log::LogLimiter;
 use super::watch::{BrokerWatch, WatchContext};
 
 use super::KafkaConfigError;
@@ -202,7 +203,9 @@ impl KafkaPublisherBuilder {
         for (key, value) in &settings {
             config.set(key, value);
         }
-        let watch = Arc::new(BrokerWatch::default());
+        let watch = Arc::new(BrokerWatch::new(
+            config.get("bootstrap.servers").unwrap_or_default(),
+        ));
         let producer = create_producer(&config, &watch)?;
         Ok(KafkaPublisher::new(
             config,
@@ -274,8 +277,9 @@ pub(crate) fn create_producer(
     config: &ClientConfig,
     watch: &Arc<BrokerWatch>,
 ) -> Result<FutureProducer<WatchContext>, KafkaConfigError> {
+    let log = LogLimiter::new(config.get("bootstrap.servers").unwrap_or_default());
     config
-        .create_with_context(WatchContext(watch.clone()))
+        .create_with_context(WatchContext(watch.clone(), Arc::new(log)))
         .map_err(|e| match e {
             KafkaError::ClientConfig(_, reason, key, value) => {
                 KafkaConfigError::Invalid { key, value, reason }

@@ -42,6 +42,10 @@
 //! `partitioner=murmur2_random` (the Java client's, so keys land where Java producers put them).
 //! Everything else passes through [`set`](KafkaPublisherBuilder::set). librdkafka's
 //! `message.timeout.ms` bounds every publish: see [`KafkaPublisher::publish_timeout`].
+//! librdkafka warns at every start that `enable.gapless.guarantee` is experimental; the
+//! publisher logs that warning at `debug` (the setting is deliberate, see "Ordering"), and
+//! passes the rest of librdkafka's log to `tracing` rate-limited: a line of a kind at most once
+//! per 30 s, with the count of those left out.
 //!
 //! librdkafka is built from the bundled sources without zlib, zstd, SSL or SASL, keeping the
 //! build to a C compiler and `make`. Compression `lz4` and `snappy` are built in; for `gzip`,
@@ -115,6 +119,7 @@ mod builder;
 mod classify;
 mod consumer;
 mod error;
+mod log;
 mod publisher;
 mod record;
 mod watch;

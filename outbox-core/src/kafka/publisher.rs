@@ -370,6 +370,7 @@ impl Publisher for KafkaPublisher {
             .map(|o| o.unwrap_or_else(|| Delivery::Unavailable("no outcome recorded".into())))
             .collect();
         batch::flag_order_breaks(batch, &mut outcomes);
+        self.watch.name_brokers(&mut outcomes);
         if let Some(fatal) = self.replace_if_fatal(generation, &producer) {
             // The messages it did not deliver report `Fatal` or a purge, which the table
             // classes as outages: the new producer publishes them again. A record refused for

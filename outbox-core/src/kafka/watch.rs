@@ -16,18 +16,56 @@ use std::time::{Duration, Instant};
 const SILENCE: Duration = Duration::from_secs(3);
 
 use rdkafka::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+use super::log::LogLimiter;
+use crate::relay::Delivery;
 
 /// Whether all brokers are down, as last reported; shared by the publisher and the context
 /// of each producer it creates.
 #[derive(Debug, Default)]
 pub(crate) struct BrokerWatch {
+    /// The producer's `bootstrap.servers`, named in every outage reason.
+    brokers: String,
     down: Mutex<Option<String>>,
     /// While a publish awaits reports: since when without an acknowledgement.
     silent_since: Mutex<Option<Instant>>,
 }
 
 impl BrokerWatch {
+    /// A watch of the cluster at `brokers` (`bootstrap.servers`).
+    pub(crate) fn new(brokers: impl Into<String>) -> Self {
+        BrokerWatch {
+            brokers: brokers.into(),
+            ..BrokerWatch::default()
+        }
+    }
+
+    /// ` at <bootstrap servers>`, or nothing if unknown.
+    fn at(&self) -> String {
+        if self.brokers.is_empty() {
+            String::new()
+        } else {
+            format!(" at {}", self.brokers)
+        }
+    }
+
+    /// Names the cluster in the reasons of outages (`Unavailable`), which the relay logs and
+    /// `outbox status` shows: "... (Kafka at 127.0.0.1:9092)".
+    pub(crate) fn name_brokers(&self, outcomes: &mut [Delivery]) {
+        if self.brokers.is_empty() {
+            return;
+        }
+        for outcome in outcomes {
+            if let Delivery::Unavailable(reason) = outcome
+                && !reason.contains(&self.brokers)
+            {
+                reason.push_str(&format!(" (Kafka{})", self.at()));
+            }
+        }
+    }
+
     /// librdkafka's reason, while every broker is down.
     pub(crate) fn down(&self) -> Option<String> {
         let down = self
@@ -41,8 +79,13 @@ impl BrokerWatch {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner))?;
             let silent = since.elapsed();
-            (silent >= SILENCE)
-                .then(|| format!("Kafka has acknowledged nothing for {} s", silent.as_secs()))
+            (silent >= SILENCE).then(|| {
+                format!(
+                    "Kafka{} has acknowledged nothing for {} s",
+                    self.at(),
+                    silent.as_secs()
+                )
+            })
         })
     }
 
@@ -71,23 +114,26 @@ impl BrokerWatch {
         }
     }
 
-    fn all_down(&self, reason: String) {
+    fn all_down(&self, reason: &str) {
+        let reason = format!("no Kafka broker reachable{}: {reason}", self.at());
         *self.down.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
     }
 }
 
-/// The producers' librdkafka context: records "all brokers down" in the [`BrokerWatch`] and
-/// logs librdkafka's global errors as the default context does.
-pub(crate) struct WatchContext(pub(crate) Arc<BrokerWatch>);
+/// The producers' librdkafka context: records "all brokers down" in the [`BrokerWatch`], and
+/// passes librdkafka's log and global errors to `tracing`, rate-limited (see `kafka::log`).
+pub(crate) struct WatchContext(pub(crate) Arc<BrokerWatch>, pub(crate) Arc<LogLimiter>);
 
 impl ClientContext for WatchContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.1.log(level, fac, log_message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
-            self.0
-                .all_down(format!("no Kafka broker reachable: {reason}"));
+            self.0.all_down(reason);
         }
-        // The default context's target, so that existing log filters keep working.
-        tracing::error!(target: "rdkafka::client", "librdkafka: {error}: {reason}");
+        self.1.error(&error, reason);
     }
 }
 
@@ -98,7 +144,7 @@ mod tests {
     #[test]
     fn all_brokers_down_until_a_broker_is_reached() {
         let watch = Arc::new(BrokerWatch::default());
-        let context = WatchContext(watch.clone());
+        let context = WatchContext(watch.clone(), Arc::new(LogLimiter::new("")));
         context.error(
             KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
             "one broker",
@@ -114,6 +160,38 @@ mod tests {
         );
         watch.reached();
         assert_eq!(watch.down(), None);
+    }
+
+    #[test]
+    fn outage_reasons_name_the_bootstrap_servers() {
+        let watch = Arc::new(BrokerWatch::new("k1:9092,k2:9092"));
+        let context = WatchContext(watch.clone(), Arc::new(LogLimiter::new("k1:9092,k2:9092")));
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "2/2 brokers are down",
+        );
+        assert_eq!(
+            watch.down().as_deref(),
+            Some("no Kafka broker reachable at k1:9092,k2:9092: 2/2 brokers are down")
+        );
+        let mut outcomes = vec![
+            Delivery::Published,
+            Delivery::Unavailable("delivery to topic `order` failed: Message timed out".into()),
+            Delivery::Failed("too large".into()),
+        ];
+        watch.name_brokers(&mut outcomes);
+        assert_eq!(
+            outcomes,
+            [
+                Delivery::Published,
+                Delivery::Unavailable(
+                    "delivery to topic `order` failed: Message timed out (Kafka at \
+                     k1:9092,k2:9092)"
+                        .into()
+                ),
+                Delivery::Failed("too large".into()),
+            ]
+        );
     }
 
     #[test]
