@@ -13,6 +13,7 @@ use super::{
     Claim, ClaimOrder, DeadLetterPolicy, Delivery, Mode, Publisher, RelayConfig, RelayHealth,
     RelayState, RelayStore, StoreError,
 };
+use tracing::Instrument;
 
 /// A relay: claims batches from a [`RelayStore`], publishes them with a [`Publisher`]
 /// outside any transaction, and settles each message (published, retry later, dead letter,
@@ -192,6 +193,21 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 batch.len(),
             );
             RelayStats::add(&self.stats.batches, "outbox_relay_batches_total", 1);
+            // The batch's span: publish and settle run in it; `settle` records the outcomes.
+            let span = tracing::info_span!(
+                "outbox.relay.batch",
+                relay = %self.config.relay_id,
+                mode = ?self.config.mode,
+                size = batch.len(),
+                first_seq = batch.first().map(|m| m.seq),
+                last_seq = batch.last().map(|m| m.seq),
+                published = tracing::field::Empty,
+                retried = tracing::field::Empty,
+                dead_lettered = tracing::field::Empty,
+                released = tracing::field::Empty,
+                fenced = tracing::field::Empty,
+                unavailable = tracing::field::Empty,
+            );
 
             // A publish that does not finish in time has an unknown outcome: an outage, not
             // the events' fault. They go back and are published again (at least once).
@@ -200,7 +216,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             let published = {
                 let publish = tokio::time::timeout(
                     self.config.publish_timeout,
-                    self.publisher.publish(&batch),
+                    self.publisher.publish(&batch).instrument(span.clone()),
                 );
                 let mut publish = pin!(publish);
                 loop {
@@ -242,7 +258,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             };
             metrics::histogram!("outbox_relay_publish_duration_seconds").record(started.elapsed());
             let started = Instant::now();
-            let settled = self.settle(&batch, deliveries).await;
+            let settled = self.settle(&batch, deliveries).instrument(span).await;
             metrics::histogram!("outbox_relay_mark_duration_seconds").record(started.elapsed());
             self.stats
                 .waiting_for_broker

@@ -156,6 +156,12 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "histogram",
         "Time a handler attempt took.",
     ),
+    (
+        "outbox_consumer_lag_messages",
+        "gauge",
+        "Messages of a partition not yet done by this consumer (labels topic, partition), from \
+         librdkafka's statistics every statistics.interval.ms (5 s).",
+    ),
 ];
 
 /// Describes every metric of [`METRICS`] to the installed recorder (help text and unit), so

@@ -101,6 +101,9 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             }
         }
 
+        // The batch's span (see `run`): its outcome counts.
+        let span = tracing::Span::current();
+        span.record("unavailable", unavailable);
         let relay = self.config.relay_id.as_str();
         let deadline = Instant::now() + self.config.lease;
         let completion = self.config.completion;
@@ -117,6 +120,8 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 n as usize,
             );
             let fenced = published.len().saturating_sub(n as usize);
+            span.record("published", n);
+            span.record("fenced", fenced);
             if fenced > 0 {
                 tracing::warn!(
                     fenced,
@@ -128,6 +133,8 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         if !failures.is_empty()
             && retry_until!(self, deadline, self.store.fail(relay, &failures)).is_some()
         {
+            span.record("retried", failures.len() - dead);
+            span.record("dead_lettered", dead);
             RelayStats::add(
                 &self.stats.retried,
                 "outbox_relay_retried_total",
@@ -142,6 +149,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         if !released.is_empty()
             && let Some(n) = retry_until!(self, deadline, self.store.release(relay, &released))
         {
+            span.record("released", n);
             RelayStats::add(
                 &self.stats.released,
                 "outbox_relay_released_total",

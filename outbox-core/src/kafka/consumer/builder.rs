@@ -7,11 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::consumer::StreamConsumer;
-use rdkafka::producer::FutureProducer;
 use serde::de::DeserializeOwned;
 
 use super::config::{DEFAULTS, SHARED_PREFIXES, check_settings, config_error};
+use super::context::{DeadLetterProducer, Inner, LogContext, RuntimeContext};
 use super::dead_letter::{DeadLetterTopic, DeadLetters};
 use super::dispatch::{Dispatch, Typed};
 use super::policy::{
@@ -21,6 +20,7 @@ use super::policy::{
 use super::{KafkaConsumer, Settings};
 use crate::fault::{ClassifyError, ErrorClass, classifier_of};
 use crate::kafka::KafkaConfigError;
+use crate::kafka::log::LogLimiter;
 use crate::relay::Backoff;
 use crate::{BoxError, Envelope, OutboxEvent, Outcome};
 
@@ -498,7 +498,11 @@ impl KafkaConsumerBuilder {
         for (key, value) in &settings {
             config.set(key, value);
         }
-        let consumer: StreamConsumer = config.create().map_err(config_error)?;
+        let brokers = settings["bootstrap.servers"].clone();
+        let log = Arc::new(LogLimiter::new(brokers));
+        let consumer: Inner = config
+            .create_with_context(RuntimeContext(log.clone()))
+            .map_err(config_error)?;
 
         let mut producer_config = ClientConfig::new();
         for (key, value) in settings
@@ -515,7 +519,9 @@ impl KafkaConsumerBuilder {
         for (key, value) in &self.dead_letter_settings {
             producer_config.set(key, value);
         }
-        let producer: FutureProducer = producer_config.create().map_err(config_error)?;
+        let producer: DeadLetterProducer = producer_config
+            .create_with_context(LogContext(log))
+            .map_err(config_error)?;
 
         Ok(KafkaConsumer::new(
             consumer,

@@ -7,7 +7,7 @@ use rdkafka::error::KafkaError;
 use crate::kafka::KafkaConfigError;
 
 /// Consumer settings applied before the user's.
-pub(super) const DEFAULTS: [(&str, &str); 6] = [
+pub(super) const DEFAULTS: [(&str, &str); 7] = [
     ("enable.auto.offset.store", "false"),
     ("enable.auto.commit", "true"),
     // A new group starts from the beginning: an outbox consumer must not skip events that
@@ -20,6 +20,10 @@ pub(super) const DEFAULTS: [(&str, &str); 6] = [
     // 300,000 ms, left such a consumer idle for five minutes). One small metadata request
     // every 5 s per consumer.
     ("topic.metadata.refresh.interval.ms", "5000"),
+    // librdkafka's statistics, from which the consumer sets `outbox_consumer_lag_messages`
+    // per partition: one JSON document every 5 s, parsed off the message path (in the poll
+    // between two messages). "0" turns them, and the lag gauge, off.
+    ("statistics.interval.ms", "5000"),
 ];
 
 /// Settings the dead-letter producer takes from the consumer's, so that it reaches the same

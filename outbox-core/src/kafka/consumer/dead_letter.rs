@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rdkafka::Message;
 use rdkafka::message::{Header, Headers as _, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 
 use super::parking::Head;
 
@@ -113,7 +113,7 @@ impl Kind {
 
 /// Produces dead letters.
 pub(crate) struct DeadLetters {
-    pub(crate) producer: FutureProducer,
+    pub(crate) producer: super::context::DeadLetterProducer,
     pub(crate) topic: DeadLetterTopic,
     pub(crate) group: String,
     pub(crate) timeout: Duration,

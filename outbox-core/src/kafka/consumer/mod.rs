@@ -8,22 +8,25 @@
 
 mod builder;
 mod config;
+mod context;
 mod dead_letter;
 mod dispatch;
 mod hold;
 mod parking;
 mod policy;
 mod stats;
+mod trace;
 
 use std::error::Error;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
+use tracing::Instrument;
 
 pub use builder::KafkaConsumerBuilder;
 pub use dead_letter::{
@@ -143,7 +146,7 @@ struct Settings {
 /// # Ok(()) }
 /// ```
 pub struct KafkaConsumer {
-    consumer: Arc<StreamConsumer>,
+    consumer: Arc<context::Inner>,
     settings: Settings,
     dead_letters: DeadLetters,
     stats: Arc<ConsumerStats>,
@@ -191,7 +194,7 @@ impl KafkaConsumer {
         KafkaConsumerBuilder::default()
     }
 
-    fn new(consumer: StreamConsumer, settings: Settings, dead_letters: DeadLetters) -> Self {
+    fn new(consumer: context::Inner, settings: Settings, dead_letters: DeadLetters) -> Self {
         let parking = Parking::new(settings.max_parked_keys);
         KafkaConsumer {
             consumer: Arc::new(consumer),
@@ -243,9 +246,16 @@ impl KafkaConsumer {
                 }
             };
             ConsumerStats::add(&self.stats.received, "outbox_consumer_received_total");
-            let done = self.handle(&message, &mut stop).await;
-            if let Done::Yes = done {
-                self.store(&message);
+            let span = trace::message_span(&message);
+            let done = self
+                .handle(&message, &mut stop)
+                .instrument(span.clone())
+                .await;
+            match done {
+                Done::Yes => self.store(&message),
+                Done::Stopped => {
+                    span.record("outcome", "stopped");
+                }
             }
             self.release();
             if let Done::Stopped = done {
@@ -291,6 +301,7 @@ impl KafkaConsumer {
                 offset = message.offset(), behind = %head.coordinates(),
                 "parking a message behind the dead letter of its key"
             );
+            trace::outcome("parked");
             return self
                 .dead_letter(message, Kind::Parked(head), &why, 0, stop)
                 .await;
@@ -312,7 +323,7 @@ impl KafkaConsumer {
             // Its own task: a handler that panics fails this attempt instead of the consumer
             // (which, restarted, would read the same message and panic again).
             let started = std::time::Instant::now();
-            let mut run = tokio::spawn(run);
+            let mut run = tokio::spawn(run.instrument(tracing::Span::current()));
             let joined = tokio::select! {
                 biased;
                 joined = &mut run => joined,
@@ -338,10 +349,12 @@ impl KafkaConsumer {
                 .record(started.elapsed());
             let error = match outcome {
                 Ok(Handled::Applied) => {
+                    trace::outcome("applied");
                     ConsumerStats::add(&self.stats.applied, "outbox_consumer_applied_total");
                     return Done::Yes;
                 }
                 Ok(Handled::Duplicate) => {
+                    trace::outcome("duplicate");
                     ConsumerStats::add(&self.stats.duplicates, "outbox_consumer_duplicate_total");
                     return Done::Yes;
                 }
@@ -380,6 +393,7 @@ impl KafkaConsumer {
                         offset = message.offset(), attempts = attempt, error = %text,
                         "the handler failed every attempt; dead-lettering the message"
                     );
+                    trace::outcome("dead_lettered");
                     return self
                         .dead_letter(message, Kind::Handler, &text, attempt, stop)
                         .await;
@@ -420,6 +434,7 @@ impl KafkaConsumer {
                     offset = message.offset(), error = %error,
                     "skipping a message that cannot be handled"
                 );
+                trace::outcome("skipped");
                 ConsumerStats::add(&self.stats.skipped, "outbox_consumer_skipped_total");
                 Done::Yes
             }
@@ -429,6 +444,7 @@ impl KafkaConsumer {
                     offset = message.offset(), error = %error,
                     "dead-lettering a message that cannot be handled"
                 );
+                trace::outcome("dead_lettered");
                 self.dead_letter(message, Kind::Undecodable, &error, 0, stop)
                     .await
             }
