@@ -143,6 +143,14 @@ pub mod fault {
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use outbox_core::kafka;
 
+/// OpenTelemetry trace propagation (feature `opentelemetry`): `publish` writes the current
+/// span's W3C trace context into the event's headers, and the Kafka consumer continues that
+/// trace in the span of each message, as its child (see the module for why a parent, not a
+/// link).
+#[cfg(feature = "opentelemetry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+pub use outbox_core::otel;
+
 pub use outbox_diesel::inbox;
 
 pub use outbox_core::catalog;

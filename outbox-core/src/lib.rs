@@ -16,6 +16,9 @@ pub mod fault;
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub mod kafka;
 mod message;
+#[cfg(feature = "opentelemetry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+pub mod otel;
 mod outcome;
 mod private;
 #[cfg(feature = "relay")]

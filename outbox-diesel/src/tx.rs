@@ -133,6 +133,9 @@ impl<'c, C> OutboxTx<'c, C> {
     ) -> Result<(), Error> {
         let mut all = self.headers.clone();
         all.extend(headers);
+        // The current span's `traceparent` / `tracestate`, unless set above.
+        #[cfg(feature = "opentelemetry")]
+        outbox_core::otel::inject(&mut all);
         let limit = self
             .max_payload_bytes
             .unwrap_or_else(outbox_core::max_payload_bytes);
