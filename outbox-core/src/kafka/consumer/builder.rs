@@ -501,7 +501,7 @@ impl KafkaConsumerBuilder {
         let brokers = settings["bootstrap.servers"].clone();
         let log = Arc::new(LogLimiter::new(brokers));
         let consumer: Inner = config
-            .create_with_context(RuntimeContext(log.clone()))
+            .create_with_context(RuntimeContext(log.clone(), Default::default()))
             .map_err(config_error)?;
 
         let mut producer_config = ClientConfig::new();

@@ -2,7 +2,8 @@
 //! through `tracing`, rate-limited (see `kafka::log`), and the consumer's lag per partition
 //! from librdkafka's statistics.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rdkafka::ClientContext;
 use rdkafka::Statistics;
@@ -33,7 +34,10 @@ impl ClientContext for LogContext {
 }
 
 /// The consumer's context: its log, rate-limited, and the lag gauge.
-pub(crate) struct RuntimeContext(pub(crate) Arc<LogLimiter>);
+pub(crate) struct RuntimeContext(pub(crate) Arc<LogLimiter>, pub(crate) Lagging);
+
+/// The partitions whose lag the last statistics reported.
+pub(crate) type Lagging = Mutex<BTreeSet<(String, i32)>>;
 
 impl ClientContext for RuntimeContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
@@ -45,20 +49,31 @@ impl ClientContext for RuntimeContext {
     }
 
     /// librdkafka's statistics, every `statistics.interval.ms` (5 s by default here): sets
-    /// `outbox_consumer_lag_messages{topic, partition}` for every partition whose lag is known.
+    /// `outbox_consumer_lag_messages{topic, partition}` for every partition whose lag is known,
+    /// and 0 for those whose lag was known before and no longer is (a partition revoked in a
+    /// rebalance: its new owner reports it), so that a sum over consumers stays true.
     fn stats(&self, statistics: Statistics) {
+        let gauge = |topic: &str, partition: i32| {
+            metrics::gauge!(
+                "outbox_consumer_lag_messages",
+                "topic" => topic.to_owned(),
+                "partition" => partition.to_string()
+            )
+        };
+        let mut now = BTreeSet::new();
         for (topic, t) in &statistics.topics {
             for (partition, p) in &t.partitions {
                 if let Some(lag) = lag(*partition, p.consumer_lag_stored, p.consumer_lag) {
-                    metrics::gauge!(
-                        "outbox_consumer_lag_messages",
-                        "topic" => topic.clone(),
-                        "partition" => partition.to_string()
-                    )
-                    .set(lag as f64);
+                    gauge(topic, *partition).set(lag as f64);
+                    now.insert((topic.clone(), *partition));
                 }
             }
         }
+        let mut before = self.1.lock().unwrap_or_else(PoisonError::into_inner);
+        for (topic, partition) in before.difference(&now) {
+            gauge(topic, *partition).set(0.0);
+        }
+        *before = now;
     }
 }
 
