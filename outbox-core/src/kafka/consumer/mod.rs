@@ -247,15 +247,11 @@ impl KafkaConsumer {
             };
             ConsumerStats::add(&self.stats.received, "outbox_consumer_received_total");
             let span = trace::message_span(&message);
-            let done = self
-                .handle(&message, &mut stop)
-                .instrument(span.clone())
-                .await;
-            match done {
-                Done::Yes => self.store(&message),
-                Done::Stopped => {
-                    span.record("outcome", "stopped");
-                }
+            let handling = self.handle(&message, &mut stop);
+            let done = handling.instrument(span.clone()).await;
+            trace::ended(&span, &done);
+            if let Done::Yes = done {
+                self.store(&message);
             }
             self.release();
             if let Done::Stopped = done {

@@ -9,6 +9,7 @@ use rdkafka::Message;
 use rdkafka::message::{Headers as _, OwnedMessage};
 use tracing::Span;
 
+use super::Done;
 use crate::{HEADER_AGGREGATE_TYPE, HEADER_EVENT_TYPE, HEADER_ID};
 
 /// The span of handling `message` (not entered).
@@ -42,4 +43,11 @@ pub(super) fn message_span(message: &OwnedMessage) -> Span {
 /// `dead_lettered`, `parked`, `skipped` or `stopped` (shutdown came first; it is read again).
 pub(super) fn outcome(outcome: &'static str) {
     Span::current().record("outcome", outcome);
+}
+
+/// Records `stopped` on a message's span if shutdown came before the message was done.
+pub(super) fn ended(span: &Span, done: &Done) {
+    if let Done::Stopped = done {
+        span.record("outcome", "stopped");
+    }
 }
