@@ -22,6 +22,22 @@ pub use headers::{
     RESERVED_HEADERS,
 };
 
+/// [`Envelope::from_row`] of an outbox row, as written ([`NewMessage`]) or as claimed
+/// (`OutboxMessage`): the two share these fields.
+macro_rules! from_row {
+    ($message:expr) => {
+        Self::from_row(
+            $message.id,
+            &$message.aggregate_type,
+            &$message.event_type,
+            $message.event_version,
+            $message.created_at,
+            &$message.headers,
+            &$message.payload,
+        )
+    };
+}
+
 /// An event as a consumer receives it: the typed payload and its metadata.
 ///
 /// Decode one from a broker message with [`Envelope::decode`] (the headers and payload a
@@ -258,30 +274,14 @@ impl<E: OutboxEvent + DeserializeOwned> Envelope<E> {
     /// Decodes an outbox row as it was written ([`NewMessage`]). The row's headers become
     /// [`Envelope::headers`], except any named like a [reserved header](RESERVED_HEADERS).
     pub fn from_new_message(message: &NewMessage) -> Result<Self, DecodeError> {
-        Self::from_row(
-            message.id,
-            &message.aggregate_type,
-            &message.event_type,
-            message.event_version,
-            message.created_at,
-            &message.headers,
-            &message.payload,
-        )
+        from_row!(message)
     }
 
     /// Decodes an outbox row as a relay claimed it.
     #[cfg(feature = "relay")]
     #[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
     pub fn from_outbox_message(message: &crate::relay::OutboxMessage) -> Result<Self, DecodeError> {
-        Self::from_row(
-            message.id,
-            &message.aggregate_type,
-            &message.event_type,
-            message.event_version,
-            message.created_at,
-            &message.headers,
-            &message.payload,
-        )
+        from_row!(message)
     }
 
     /// Decodes a message of the in-memory broker, as a Kafka consumer would decode the same

@@ -3,7 +3,7 @@
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use outbox_core::NewMessage;
 
-use super::{OUTBOX_TABLE, OutboxBackend};
+use super::{OUTBOX_TABLE, OutboxBackend, ROWS_PER_INSERT};
 
 /// Columns written on insert, in bind order.
 const INSERT_COLUMNS: &str = "id, aggregate_type, aggregate_id, event_type, event_version, \
@@ -68,3 +68,21 @@ impl<DB: OutboxBackend> QueryId for InsertMessages<'_, DB> {
 }
 
 impl<DB: OutboxBackend, Conn> diesel::RunQueryDsl<Conn> for InsertMessages<'_, DB> {}
+
+/// The `INSERT`s that write `messages`: one per [`ROWS_PER_INSERT`] rows.
+pub(crate) fn inserts<DB: OutboxBackend>(
+    messages: &[NewMessage],
+    keep_existing: bool,
+) -> impl Iterator<Item = InsertMessages<'_, DB>> {
+    messages
+        .chunks(ROWS_PER_INSERT)
+        .map(move |chunk| InsertMessages::new(chunk).keep_existing(keep_existing))
+}
+
+/// The statement that wakes relays, when this backend has one and the throttle lets this
+/// transaction notify (see [`crate::notify`]).
+pub(crate) fn notify<DB: OutboxBackend>() -> Option<diesel::query_builder::SqlQuery> {
+    DB::NOTIFY_SQL
+        .filter(|_| crate::notify::due())
+        .map(diesel::sql_query)
+}

@@ -155,13 +155,11 @@ macro_rules! backend_ops {
             keep_existing: bool,
         ) -> diesel::QueryResult<()> {
             use diesel::RunQueryDsl;
-            for chunk in messages.chunks($crate::backend::ROWS_PER_INSERT) {
-                $crate::backend::insert::InsertMessages::<Self>::new(chunk)
-                    .keep_existing(keep_existing)
-                    .execute(conn)?;
+            for insert in $crate::backend::insert::inserts::<Self>(messages, keep_existing) {
+                insert.execute(conn)?;
             }
-            if let Some(sql) = Self::NOTIFY_SQL.filter(|_| crate::notify::due()) {
-                diesel::sql_query(sql).execute(conn)?;
+            if let Some(notify) = $crate::backend::insert::notify::<Self>() {
+                notify.execute(conn)?;
             }
             Ok(())
         }
@@ -194,14 +192,11 @@ macro_rules! backend_ops {
             keep_existing: bool,
         ) -> diesel::QueryResult<()> {
             use diesel_async::RunQueryDsl;
-            for chunk in messages.chunks($crate::backend::ROWS_PER_INSERT) {
-                $crate::backend::insert::InsertMessages::<Self>::new(chunk)
-                    .keep_existing(keep_existing)
-                    .execute(conn)
-                    .await?;
+            for insert in $crate::backend::insert::inserts::<Self>(messages, keep_existing) {
+                insert.execute(conn).await?;
             }
-            if let Some(sql) = Self::NOTIFY_SQL.filter(|_| crate::notify::due()) {
-                diesel::sql_query(sql).execute(conn).await?;
+            if let Some(notify) = $crate::backend::insert::notify::<Self>() {
+                notify.execute(conn).await?;
             }
             Ok(())
         }
