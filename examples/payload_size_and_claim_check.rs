@@ -140,11 +140,11 @@ fn main() {
     expect(
         matches!(
             err,
-            outbox::Error::PayloadTooLarge {
+            outbox::Error::Event(outbox::EventError::PayloadTooLarge {
                 size: 2_000_022,
                 limit: 1_000_000,
                 ..
-            }
+            })
         ) && count!(&mut conn, "outbox_events") == 0,
         "PayloadTooLarge and nothing written",
     );

@@ -96,6 +96,7 @@ log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+log "packaged files (scripts/package-check.sh)"; ./scripts/package-check.sh
 log "cargo test"
 cargo test --workspace --all-features
 log "cargo run --example schema_evolution"

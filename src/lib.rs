@@ -95,17 +95,17 @@
 #[doc(hidden)]
 pub use outbox_core::SHARD_TEST_VECTORS;
 pub use outbox_core::{
-    AggregateKey, BoxError, DEFAULT_MAX_PAYLOAD_BYTES, DecodeError, Envelope, Error, EventType,
-    HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_TYPE, HEADER_EVENT_VERSION, HEADER_ID,
-    Headers, NewMessage, OutboxEvent, Outcome, RESERVED_HEADERS, SHARD_COUNT, max_payload_bytes,
-    set_max_payload_bytes, shard_of,
+    AggregateKey, BoxError, DEFAULT_MAX_PAYLOAD_BYTES, DecodeError, Envelope, EventError,
+    EventType, HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_TYPE, HEADER_EVENT_VERSION,
+    HEADER_ID, Headers, NewMessage, OutboxEvent, Outcome, RESERVED_HEADERS, SHARD_COUNT,
+    max_payload_bytes, set_max_payload_bytes, shard_of,
 };
 
 pub use outbox_core::claim_check;
 
 pub use outbox_diesel::{
-    INBOX_TABLE, OUTBOX_TABLE, OutboxBackend, OutboxConnection, OutboxTx, PendingEvents, publish,
-    publish_with_headers,
+    Error, INBOX_TABLE, OUTBOX_TABLE, OutboxBackend, OutboxConnection, OutboxTx, PendingEvents,
+    publish, publish_with_headers,
 };
 
 #[cfg(feature = "async")]

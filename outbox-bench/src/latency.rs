@@ -139,7 +139,8 @@ fn run(ctx: &Ctx, listen: bool, mode: Mode, dur: Duration) -> Result<Run, String
             acks: acks.clone(),
         },
         config,
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let handle = ctx.rt.spawn(relay.run(async move {
         let _ = stopped.await;

@@ -17,14 +17,14 @@
 //! assert_eq!(check.size, 5_000_000);
 //! assert_eq!(check.fetch(&mut store)?, body); // the consumer's side
 //! # std::fs::remove_dir_all(&dir).unwrap();
-//! # Ok::<_, outbox_core::Error>(())
+//! # Ok::<_, outbox_core::EventError>(())
 //! ```
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{BoxError, Error};
+use crate::{BoxError, EventError};
 
 /// Where claim-checked bodies live. Implement it for a table (on a wrapper around the
 /// connection, so the body commits with its event), object storage, or use [`DirStore`].
@@ -48,9 +48,9 @@ pub struct ClaimCheck {
 
 impl ClaimCheck {
     /// Stores `body` under a fresh key and returns the check to publish.
-    pub fn store(store: &mut impl BodyStore, body: &[u8]) -> Result<ClaimCheck, Error> {
+    pub fn store(store: &mut impl BodyStore, body: &[u8]) -> Result<ClaimCheck, EventError> {
         let key = uuid::Uuid::now_v7().to_string();
-        store.put(&key, body).map_err(|e| Error::ClaimCheck {
+        store.put(&key, body).map_err(|e| EventError::ClaimCheck {
             key: key.clone(),
             reason: format!("storing the body failed: {e}"),
         })?;
@@ -61,10 +61,10 @@ impl ClaimCheck {
         })
     }
 
-    /// Fetches the body and checks its size and checksum. Fails with [`Error::ClaimCheck`] if
+    /// Fetches the body and checks its size and checksum. Fails with [`EventError::ClaimCheck`] if
     /// the store fails, has no such body, or holds a different one.
-    pub fn fetch(&self, store: &mut impl BodyStore) -> Result<Vec<u8>, Error> {
-        let fail = |reason: String| Error::ClaimCheck {
+    pub fn fetch(&self, store: &mut impl BodyStore) -> Result<Vec<u8>, EventError> {
+        let fail = |reason: String| EventError::ClaimCheck {
             key: self.key.clone(),
             reason,
         };
@@ -95,9 +95,9 @@ pub struct DirStore {
 
 impl DirStore {
     /// A store in `dir`, created if missing.
-    pub fn new(dir: impl AsRef<Path>) -> Result<DirStore, Error> {
+    pub fn new(dir: impl AsRef<Path>) -> Result<DirStore, EventError> {
         let dir = dir.as_ref().to_owned();
-        std::fs::create_dir_all(&dir).map_err(|e| Error::ClaimCheck {
+        std::fs::create_dir_all(&dir).map_err(|e| EventError::ClaimCheck {
             key: String::new(),
             reason: format!("cannot create {}: {e}", dir.display()),
         })?;

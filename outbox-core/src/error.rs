@@ -1,14 +1,19 @@
-//! The error type of the outbox.
+//! The errors of events, before any storage is involved.
+//!
+//! The error users see from a write, `outbox::Error`, is defined where the database is known
+//! (the Diesel store, `outbox_diesel::Error`); it carries an [`EventError`] for everything that
+//! is the event's own fault. This crate knows no database.
 
 use std::fmt;
 
 /// A boxed error from a lower layer (the database driver, the broker client).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// What can go wrong when writing, relaying or consuming outbox events.
+/// Why an event was refused before anything was written: it could not be serialised, it is
+/// invalid, its payload is too large, or its claim check failed.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum Error {
+pub enum EventError {
     /// The payload (or the headers) of an event could not be serialised to JSON. The
     /// transaction that tried to publish it writes nothing.
     Serialize {
@@ -45,24 +50,18 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
-    /// `publish(conn, &event)` was called on a connection that is not inside a transaction:
-    /// the event would have been committed on its own, so nothing was written.
-    NotInTransaction,
-    /// The database failed. The source is the driver's error (for Diesel, a
-    /// `diesel::result::Error`; `From` conversions go both ways).
-    Database(BoxError),
 }
 
-impl fmt::Display for Error {
+impl fmt::Display for EventError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Serialize { event_type, .. } => {
+            EventError::Serialize { event_type, .. } => {
                 write!(f, "failed to serialize the payload of event `{event_type}`")
             }
-            Error::InvalidEvent { event_type, reason } => {
+            EventError::InvalidEvent { event_type, reason } => {
                 write!(f, "invalid event `{event_type}`: {reason}")
             }
-            Error::PayloadTooLarge {
+            EventError::PayloadTooLarge {
                 event_type,
                 size,
                 limit,
@@ -72,48 +71,18 @@ impl fmt::Display for Error {
                  bytes: publish a claim check (a reference to the body stored elsewhere) or \
                  raise the limit; nothing was written"
             ),
-            Error::ClaimCheck { key, reason } => write!(f, "claim check `{key}`: {reason}"),
-            Error::NotInTransaction => f.write_str(
-                "outbox publish called outside a transaction: call it inside \
-                 `conn.transaction(...)` or use `transaction_with_outbox`; nothing was written",
-            ),
-            Error::Database(e) => write!(f, "outbox database error: {e}"),
+            EventError::ClaimCheck { key, reason } => write!(f, "claim check `{key}`: {reason}"),
         }
     }
 }
 
-impl std::error::Error for Error {
+impl std::error::Error for EventError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Serialize { source, .. } => Some(source),
-            Error::Database(e) => Some(&**e),
-            Error::InvalidEvent { .. }
-            | Error::PayloadTooLarge { .. }
-            | Error::ClaimCheck { .. }
-            | Error::NotInTransaction => None,
-        }
-    }
-}
-
-#[cfg(feature = "diesel")]
-impl From<diesel::result::Error> for Error {
-    fn from(e: diesel::result::Error) -> Self {
-        Error::Database(Box::new(e))
-    }
-}
-
-/// Turns an outbox error into a Diesel error, so that `?` works inside a closure whose error
-/// type is `diesel::result::Error`. A database error comes back as the original Diesel error;
-/// any other error travels as `QueryBuilderError`, with the outbox error as its source.
-#[cfg(feature = "diesel")]
-impl From<Error> for diesel::result::Error {
-    fn from(e: Error) -> Self {
-        match e {
-            Error::Database(inner) => match inner.downcast::<diesel::result::Error>() {
-                Ok(diesel_error) => *diesel_error,
-                Err(other) => diesel::result::Error::QueryBuilderError(other),
-            },
-            other => diesel::result::Error::QueryBuilderError(Box::new(other)),
+            EventError::Serialize { source, .. } => Some(source),
+            EventError::InvalidEvent { .. }
+            | EventError::PayloadTooLarge { .. }
+            | EventError::ClaimCheck { .. } => None,
         }
     }
 }

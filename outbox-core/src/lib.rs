@@ -6,6 +6,9 @@
 //! it is given `#[outbox(crate = outbox_core)]`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(any(feature = "relay", feature = "kafka"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "relay", feature = "kafka"))))]
+pub mod backoff;
 pub mod catalog;
 pub mod claim_check;
 mod envelope;
@@ -33,7 +36,7 @@ pub use envelope::{
     DecodeError, Envelope, HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_TYPE,
     HEADER_EVENT_VERSION, HEADER_ID, RESERVED_HEADERS,
 };
-pub use error::{BoxError, Error};
+pub use error::{BoxError, EventError};
 pub use event::{AggregateKey, EventType, OutboxEvent};
 pub use message::{
     DEFAULT_MAX_PAYLOAD_BYTES, Headers, NewMessage, max_payload_bytes, now_micros,

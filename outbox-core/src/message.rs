@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::{Error, OutboxEvent, shard_of};
+use crate::{EventError, OutboxEvent, shard_of};
 
 /// Headers of a message: string keys to string values, stored as a JSON object and sent as
 /// Kafka headers. Kept sorted so that the stored JSON is deterministic.
@@ -15,7 +15,7 @@ pub type Headers = BTreeMap<String, String>;
 
 /// The default limit on an event's serialised payload: 1,000,000 bytes, under Kafka's default
 /// `message.max.bytes` (1,048,588) with room for the key and headers. A larger payload is
-/// refused at `publish` with [`Error::PayloadTooLarge`] instead of being committed and then
+/// refused at `publish` with [`EventError::PayloadTooLarge`] instead of being committed and then
 /// refused by the broker, where it would fail every attempt and be dead-lettered.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1_000_000;
 
@@ -70,10 +70,10 @@ pub struct NewMessage {
 impl NewMessage {
     /// Serialises `event` into a new message with a fresh UUIDv7 id.
     ///
-    /// Fails with [`Error::Serialize`] (naming the event type) if serde fails, with
-    /// [`Error::InvalidEvent`] if the event type, aggregate type or aggregate id is empty or the
-    /// version does not fit, and with [`Error::PayloadTooLarge`] if the payload is over
-    /// [`max_payload_bytes`].
+    /// Fails with [`EventError::Serialize`] (naming the event type) if serde fails, with
+    /// [`EventError::InvalidEvent`] if the event type, aggregate type or aggregate id is empty or
+    /// the version does not fit, and with [`EventError::PayloadTooLarge`] if the payload is
+    /// over [`max_payload_bytes`].
     ///
     /// ```
     /// # use outbox_core as outbox;
@@ -88,7 +88,10 @@ impl NewMessage {
     /// assert_eq!(msg.payload, r#"{"id":3}"#);
     /// assert_eq!(msg.id.get_version_num(), 7);
     /// ```
-    pub fn from_event<E: OutboxEvent + ?Sized>(event: &E, headers: Headers) -> Result<Self, Error> {
+    pub fn from_event<E: OutboxEvent + ?Sized>(
+        event: &E,
+        headers: Headers,
+    ) -> Result<Self, EventError> {
         Self::from_event_with_limit(event, headers, max_payload_bytes())
     }
 
@@ -102,19 +105,19 @@ impl NewMessage {
     /// let event = DocUploaded { id: 1, body: "x".repeat(100) };
     /// let err = outbox_core::NewMessage::from_event_with_limit(&event, Default::default(), 64)
     ///     .unwrap_err();
-    /// assert!(matches!(err, outbox_core::Error::PayloadTooLarge { size: 118, limit: 64, .. }));
+    /// assert!(matches!(err, outbox_core::EventError::PayloadTooLarge { size: 118, limit: 64, .. }));
     /// assert!(err.to_string().contains("`DocUploaded` is 118 bytes, over the limit of 64"));
     /// ```
     pub fn from_event_with_limit<E: OutboxEvent + ?Sized>(
         event: &E,
         headers: Headers,
         limit: usize,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, EventError> {
         let event_type = event.event_type();
         let payload = serde_json::to_string(event)
-            .map_err(|source| Error::Serialize { event_type, source })?;
+            .map_err(|source| EventError::Serialize { event_type, source })?;
         if payload.len() > limit {
-            return Err(Error::PayloadTooLarge {
+            return Err(EventError::PayloadTooLarge {
                 event_type: event_type.to_owned(),
                 size: payload.len(),
                 limit,
@@ -134,7 +137,7 @@ impl NewMessage {
             None
         };
         if let Some(reason) = empty {
-            return Err(Error::InvalidEvent {
+            return Err(EventError::InvalidEvent {
                 event_type: event_type.to_owned(),
                 reason: reason.to_owned(),
             });
@@ -142,7 +145,7 @@ impl NewMessage {
         let event_version = match i32::try_from(event.event_version()) {
             Ok(v) if v >= 1 => v,
             _ => {
-                return Err(Error::InvalidEvent {
+                return Err(EventError::InvalidEvent {
                     event_type: event_type.to_owned(),
                     reason: format!(
                         "version {} is outside 1..=2147483647",
@@ -225,7 +228,7 @@ mod tests {
         }; // {"body":"xxx…"} is 101 bytes
         assert!(NewMessage::from_event_with_limit(&event, Headers::new(), 101).is_ok());
         match NewMessage::from_event_with_limit(&event, Headers::new(), 100) {
-            Err(Error::PayloadTooLarge {
+            Err(EventError::PayloadTooLarge {
                 event_type,
                 size,
                 limit,

@@ -539,7 +539,10 @@ fn config_validation_names_the_setting() {
             "outage_backoff.max",
         ),
     ] {
-        assert!(config.validate().unwrap_err().contains(needle), "{needle}");
+        assert!(
+            config.validate().unwrap_err().to_string().contains(needle),
+            "{needle}"
+        );
     }
     assert!(
         RelayConfig {

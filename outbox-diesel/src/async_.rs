@@ -1,9 +1,9 @@
 //! The write path on diesel-async connections.
 
 use diesel_async::{AsyncConnection, TransactionManager};
-use outbox_core::{Error, Headers, NewMessage, OutboxEvent};
+use outbox_core::{Headers, NewMessage, OutboxEvent};
 
-use crate::{OutboxBackend, OutboxTx};
+use crate::{Error, OutboxBackend, OutboxTx};
 
 /// The shape of an async closure whose future can be required to be `Send`.
 ///
@@ -57,7 +57,7 @@ pub trait AsyncOutboxConnection: AsyncConnection<Backend: OutboxBackend> {
     ///         .execute(tx.conn())
     ///         .await?;
     ///     tx.publish(&OrderCreated { order_id: 1, total_cents })?; // borrows from outside
-    ///     Ok::<_, outbox_core::Error>(())
+    ///     Ok::<_, outbox_diesel::Error>(())
     /// })
     /// .await?;
     /// # Ok(())
@@ -134,12 +134,10 @@ where
                     C::TransactionManager::commit_transaction(self).await?;
                     Ok(value)
                 }
-                Err(user_error) => match C::TransactionManager::rollback_transaction(self).await {
-                    Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => {
-                        Err(user_error)
-                    }
-                    Err(rollback_error) => Err(rollback_error.into()),
-                },
+                Err(user_error) => Err(crate::rollback::keep_error(
+                    C::TransactionManager::rollback_transaction(self).await,
+                    user_error,
+                )),
             }
         }
     }
@@ -158,7 +156,7 @@ where
 /// let event = OrderCreated { order_id: 7, total_cents: 500 };
 /// conn.transaction(async |c| outbox_diesel::publish_async(c, &event).await).await?;
 /// let outside = outbox_diesel::publish_async(&mut conn, &event).await;
-/// assert!(matches!(outside, Err(outbox_core::Error::NotInTransaction)));
+/// assert!(matches!(outside, Err(outbox_diesel::Error::NotInTransaction)));
 /// # Ok(())
 /// # }
 /// ```

@@ -12,6 +12,7 @@ use diesel::Connection;
 use diesel::connection::TransactionManager;
 use outbox_core::{Envelope, Outcome};
 
+use crate::rollback::keep_error;
 use crate::{OutboxBackend, inbox};
 
 /// How [`begin`] went, and how to end the transaction it opened.
@@ -90,7 +91,7 @@ pub fn begin<C: IdempotentConnection>(conn: &mut C, consumer: &str, key: &str) -
                 Ok(()) => State::Duplicate,
                 Err(e) => State::Failed(e),
             },
-            Err(e) => State::Failed(rollback_after(
+            Err(e) => State::Failed(keep_error(
                 C::TransactionManager::rollback_transaction(conn),
                 e,
             )),
@@ -117,10 +118,7 @@ where
             (begun.commit)(conn)?;
             Ok(Outcome::Applied(value))
         }
-        (State::Claimed, Some(Err(e))) => match (begun.rollback)(conn) {
-            Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(e),
-            Err(rollback) => Err(rollback.into()),
-        },
+        (State::Claimed, Some(Err(e))) => Err(keep_error((begun.rollback)(conn), e)),
         (State::Claimed, None) => unreachable!("#[idempotent] runs the body of a claimed message"),
         (State::Duplicate, _) => Ok(Outcome::Duplicate),
         (State::Failed(e), _) => Err(e.into()),
@@ -173,7 +171,7 @@ pub async fn begin_async<C: AsyncIdempotentConnection>(
                 Ok(()) => State::Duplicate,
                 Err(e) => State::Failed(e),
             },
-            Err(e) => State::Failed(rollback_after(
+            Err(e) => State::Failed(keep_error(
                 C::TransactionManager::rollback_transaction(conn).await,
                 e,
             )),
@@ -201,25 +199,10 @@ where
             (begun.commit)(conn).await?;
             Ok(Outcome::Applied(value))
         }
-        (State::Claimed, Some(Err(e))) => match (begun.rollback)(conn).await {
-            Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(e),
-            Err(rollback) => Err(rollback.into()),
-        },
+        (State::Claimed, Some(Err(e))) => Err(keep_error((begun.rollback)(conn).await, e)),
         (State::Claimed, None) => unreachable!("#[idempotent] runs the body of a claimed message"),
         (State::Duplicate, _) => Ok(Outcome::Duplicate),
         (State::Failed(e), _) => Err(e.into()),
-    }
-}
-
-/// The error to report when the claim failed and the transaction was rolled back: the claim's,
-/// unless the rollback failed in a way that leaves the connection unusable.
-fn rollback_after(
-    rollback: diesel::QueryResult<()>,
-    claim: diesel::result::Error,
-) -> diesel::result::Error {
-    match rollback {
-        Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => claim,
-        Err(rollback) => rollback,
     }
 }
 

@@ -15,12 +15,14 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+mod error;
 pub mod fault;
 mod idempotent;
 pub mod inbox;
 pub mod migrations;
 pub mod notify;
 mod order;
+mod rollback;
 mod sync;
 mod tx;
 
@@ -31,6 +33,7 @@ mod async_;
 pub mod relay;
 
 pub use backend::OutboxBackend;
+pub use error::Error;
 pub use sync::{OutboxConnection, publish, publish_with_headers};
 pub use tx::OutboxTx;
 pub use tx::PendingEvents;

@@ -1,15 +1,13 @@
 //! The outbox's schema migrations, embedded, and a runner for sync and async connections.
 //!
-//! The SQL lives in `migrations/{postgres,mysql,sqlite}/<version>_<name>/{up,down}.sql` at the
-//! root of the repository, in Diesel's migration layout, so the Diesel CLI can run the same
-//! files (`diesel migration run --migration-dir migrations/postgres`). The runner here records
+//! The SQL lives in `outbox-diesel/migrations/{postgres,mysql,sqlite}/<version>_<name>/{up,down}.sql`,
+//! inside this package (so the published crate carries the files it embeds), in Diesel's
+//! migration layout, so the Diesel CLI can run the same files
+//! (`diesel migration run --migration-dir outbox-diesel/migrations/postgres`). The runner here records
 //! applied versions in Diesel's own `__diesel_schema_migrations` table, so the two agree on
 //! what has run, and needs no `diesel_migrations` dependency.
 
-use diesel::QueryableByName;
-
 use crate::OutboxBackend;
-use diesel::sql_types::Text;
 
 /// One embedded migration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,13 +22,18 @@ pub struct Migration {
     pub down: &'static str,
 }
 
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "mysql_backend",
+    feature = "sqlite"
+))]
 macro_rules! embed {
     ($backend:literal: $($version:literal _ $name:literal),* $(,)?) => {
         &[$(Migration {
             version: $version,
             name: $name,
-            up: include_str!(concat!("../../migrations/", $backend, "/", $version, "_", $name, "/up.sql")),
-            down: include_str!(concat!("../../migrations/", $backend, "/", $version, "_", $name, "/down.sql")),
+            up: include_str!(concat!("../migrations/", $backend, "/", $version, "_", $name, "/up.sql")),
+            down: include_str!(concat!("../migrations/", $backend, "/", $version, "_", $name, "/down.sql")),
         }),*]
     };
 }
@@ -60,16 +63,31 @@ pub(crate) const SQLITE: &[Migration] = embed!("sqlite":
     "20261130000005" _ "insert_defaults",
 );
 
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "mysql_backend",
+    feature = "sqlite"
+))]
 /// A row of `__diesel_schema_migrations`. Public only because the runner's bounds name it.
 #[doc(hidden)]
-#[derive(QueryableByName)]
+#[derive(diesel::QueryableByName)]
 pub struct AppliedVersion {
-    #[diesel(sql_type = Text)]
+    #[diesel(sql_type = diesel::sql_types::Text)]
     version: String,
 }
 
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "mysql_backend",
+    feature = "sqlite"
+))]
 const APPLIED_SQL: &str = "SELECT version FROM __diesel_schema_migrations";
 
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "mysql_backend",
+    feature = "sqlite"
+))]
 /// The statement that records `version` as applied. `version` is one of our own constants
 /// (checked to be digits), never input.
 fn record_sql(version: &str) -> String {
@@ -77,6 +95,11 @@ fn record_sql(version: &str) -> String {
     format!("INSERT INTO __diesel_schema_migrations (version) VALUES ('{version}')")
 }
 
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "mysql_backend",
+    feature = "sqlite"
+))]
 fn pending<'m>(all: &'m [Migration], applied: &[AppliedVersion]) -> Vec<&'m Migration> {
     all.iter()
         .filter(|m| !applied.iter().any(|a| a.version == m.version))
@@ -141,6 +164,11 @@ where
     <C::Backend as OutboxBackend>::migrate_async(conn).await
 }
 
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "mysql_backend",
+    feature = "sqlite"
+))]
 pub(crate) fn run_sync<C>(
     conn: &mut C,
     migrations: &'static [Migration],
@@ -164,7 +192,14 @@ where
     Ok(done)
 }
 
-#[cfg(feature = "async")]
+#[cfg(all(
+    feature = "async",
+    any(
+        feature = "postgres_backend",
+        feature = "mysql_backend",
+        feature = "sqlite"
+    )
+))]
 pub(crate) async fn run_async_impl<C>(
     conn: &mut C,
     migrations: &'static [Migration],
@@ -188,4 +223,35 @@ where
         done.push(m.version);
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every folder under `migrations/<backend>/` is embedded, in version order: a migration
+    /// added on disk but not to the lists above would be shipped and never run.
+    #[test]
+    fn every_migration_folder_is_embedded() {
+        let mut backends: Vec<(&str, &[super::Migration])> = Vec::new();
+        #[cfg(feature = "postgres_backend")]
+        backends.push(("postgres", super::POSTGRES));
+        #[cfg(feature = "mysql_backend")]
+        backends.push(("mysql", super::MYSQL));
+        #[cfg(feature = "sqlite")]
+        backends.push(("sqlite", super::SQLITE));
+        for (backend, embedded) in backends {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("migrations")
+                .join(backend);
+            let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            on_disk.sort();
+            let listed: Vec<String> = embedded
+                .iter()
+                .map(|m| format!("{}_{}", m.version, m.name))
+                .collect();
+            assert_eq!(on_disk, listed, "{backend}");
+        }
+    }
 }

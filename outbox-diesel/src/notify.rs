@@ -10,16 +10,26 @@
 //! again at once).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// `u64::MAX` means off.
 static INTERVAL_MICROS: AtomicU64 = AtomicU64::new(100_000);
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "mysql_backend",
+    feature = "sqlite"
+))]
 /// Micros since `epoch()` of the last notifying transaction, plus one (0 = never).
 static LAST: AtomicU64 = AtomicU64::new(0);
 
-fn epoch() -> Instant {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "mysql_backend",
+    feature = "sqlite"
+))]
+fn epoch() -> std::time::Instant {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
 }
 
 /// Sets how often writing transactions may notify relays: `Some(interval)` is at most once per
@@ -47,6 +57,11 @@ pub fn interval() -> Option<Duration> {
     }
 }
 
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "mysql_backend",
+    feature = "sqlite"
+))]
 /// Whether this transaction should notify; claims the slot if so.
 pub(crate) fn due() -> bool {
     let interval = INTERVAL_MICROS.load(Ordering::Relaxed);

@@ -2,9 +2,9 @@
 
 use diesel::Connection;
 use diesel::connection::TransactionManager;
-use outbox_core::{Error, Headers, NewMessage, OutboxEvent};
+use outbox_core::{Headers, NewMessage, OutboxEvent};
 
-use crate::{OutboxBackend, OutboxTx};
+use crate::{Error, OutboxBackend, OutboxTx};
 
 /// `transaction_with_outbox` for every Diesel connection on a supported backend:
 /// `PgConnection`, `MysqlConnection`, `SqliteConnection`, and pooled connections
@@ -37,7 +37,7 @@ pub trait OutboxConnection: Connection<Backend: OutboxBackend> {
     ///     diesel::sql_query("INSERT INTO orders (id, total_cents) VALUES (1, 1250)")
     ///         .execute(tx.conn())?;
     ///     tx.publish(&OrderCreated { order_id: 1, total_cents: 1250 })?;
-    ///     Ok::<_, outbox_core::Error>(1)
+    ///     Ok::<_, outbox_diesel::Error>(1)
     /// })?;
     ///
     /// assert_eq!(order_id, 1);
@@ -108,7 +108,7 @@ where
 /// assert_eq!(count_events(&mut conn), 1);
 ///
 /// let outside = outbox_diesel::publish(&mut conn, &event);
-/// assert!(matches!(outside, Err(outbox_core::Error::NotInTransaction)));
+/// assert!(matches!(outside, Err(outbox_diesel::Error::NotInTransaction)));
 /// assert_eq!(count_events(&mut conn), 1);
 /// # Ok(())
 /// # }

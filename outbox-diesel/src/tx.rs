@@ -3,8 +3,9 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::MutexGuard;
 
-use outbox_core::{Error, Headers, NewMessage, OutboxEvent};
+use outbox_core::{Headers, NewMessage, OutboxEvent};
 
+use crate::Error;
 use crate::order::{Frame, FrameRef, lock};
 
 /// A connection inside an open transaction, plus the events published in it so far.
@@ -71,7 +72,7 @@ impl<'c, C> OutboxTx<'c, C> {
     ///         diesel::sql_query("INSERT INTO orders (id, total_cents) VALUES (5, 10)"),
     ///         tx.conn(),
     ///     )?;
-    ///     Ok::<_, outbox_core::Error>(())
+    ///     Ok::<_, outbox_diesel::Error>(())
     /// })?;
     /// # Ok(())
     /// # }
@@ -84,10 +85,10 @@ impl<'c, C> OutboxTx<'c, C> {
     /// events just before `COMMIT`, and is discarded if the transaction rolls back.
     ///
     /// The event gets a fresh UUIDv7 id and the transaction's default headers
-    /// ([`set_header`](OutboxTx::set_header)). Fails, writing nothing, if the payload does not
-    /// serialise ([`Error::Serialize`], naming the event type) or the event is invalid (e.g. an
-    /// empty aggregate id). Returning that error from the closure rolls the whole transaction
-    /// back.
+    /// ([`set_header`](OutboxTx::set_header)). Fails with [`Error::Event`], writing nothing, if
+    /// the payload does not serialise (`EventError::Serialize`, naming the event type) or the
+    /// event is invalid (e.g. an empty aggregate id). Returning that error from the closure
+    /// rolls the whole transaction back.
     ///
     /// ```
     /// # include!("doctest_setup.rs");
@@ -97,7 +98,7 @@ impl<'c, C> OutboxTx<'c, C> {
     /// conn.transaction_with_outbox(|tx| {
     ///     tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
     ///     assert_eq!(tx.pending().len(), 1); // written just before COMMIT
-    ///     Ok::<_, outbox_core::Error>(())
+    ///     Ok::<_, outbox_diesel::Error>(())
     /// })?;
     /// assert_eq!(count_events(&mut conn), 1);
     /// # Ok(())
@@ -121,7 +122,7 @@ impl<'c, C> OutboxTx<'c, C> {
     ///     headers.insert("traceparent".into(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
     ///     tx.publish_with_headers(&OrderCreated { order_id: 1, total_cents: 100 }, headers)?;
     ///     assert!(tx.pending()[0].headers.contains_key("traceparent"));
-    ///     Ok::<_, outbox_core::Error>(())
+    ///     Ok::<_, outbox_diesel::Error>(())
     /// })?;
     /// # Ok(())
     /// # }
@@ -156,7 +157,7 @@ impl<'c, C> OutboxTx<'c, C> {
     ///     tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
     ///     tx.publish(&OrderCreated { order_id: 2, total_cents: 200 })?;
     ///     assert!(tx.pending().iter().all(|m| m.headers["correlation-id"] == "req-42"));
-    ///     Ok::<_, outbox_core::Error>(())
+    ///     Ok::<_, outbox_diesel::Error>(())
     /// })?;
     /// # Ok(())
     /// # }
@@ -168,7 +169,7 @@ impl<'c, C> OutboxTx<'c, C> {
     /// Sets the payload limit, in bytes, for the events published after this call in this
     /// transaction (instead of the process-wide `outbox::max_payload_bytes()`, by default
     /// `DEFAULT_MAX_PAYLOAD_BYTES`, 1,000,000). A larger payload fails its `publish` with
-    /// `Error::PayloadTooLarge`, naming the event type, the size and the limit.
+    /// `Error::Event(EventError::PayloadTooLarge)`, naming the event type, the size and the limit.
     ///
     /// ```
     /// # include!("doctest_setup.rs");
@@ -180,7 +181,10 @@ impl<'c, C> OutboxTx<'c, C> {
     ///     tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })
     /// });
     /// let err = result.unwrap_err();
-    /// assert!(matches!(err, outbox_core::Error::PayloadTooLarge { limit: 16, .. }), "{err}");
+    /// assert!(
+    ///     matches!(err, outbox_diesel::Error::Event(outbox_core::EventError::PayloadTooLarge { limit: 16, .. })),
+    ///     "{err}"
+    /// );
     /// assert_eq!(count_events(&mut conn), 0); // the transaction rolled back
     /// # Ok(())
     /// # }
@@ -201,7 +205,7 @@ impl<'c, C> OutboxTx<'c, C> {
     ///     assert!(tx.pending().is_empty());
     ///     tx.publish(&OrderCreated { order_id: 1, total_cents: 100 })?;
     ///     assert_eq!(tx.pending()[0].event_type, "OrderCreated");
-    ///     Ok::<_, outbox_core::Error>(())
+    ///     Ok::<_, outbox_diesel::Error>(())
     /// })?;
     /// # Ok(())
     /// # }

@@ -374,7 +374,7 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     if args.no_session_check {
         config.session_check = None;
     }
-    config.validate().map_err(Fatal)?;
+    config.validate()?;
     tracing::info!(
         relay = %config.relay_id, mode = ?config.mode, database = %describe(&url),
         brokers = %args.brokers, "starting relay"
@@ -406,7 +406,7 @@ async fn run<S: RelayStore>(
     serve: Option<(std::net::SocketAddr, KafkaPublisher, Backend, String)>,
 ) -> Result<(), Fatal> {
     let lease = config.lease;
-    let relay = Relay::new(store, publisher, config).map_err(Fatal)?;
+    let relay = Relay::new(store, publisher, config)?;
     if let Some((addr, probe, backend, url)) = serve {
         serve::start(addr, relay.stats(), lease, probe, backend, url).await?;
     }

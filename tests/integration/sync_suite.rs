@@ -352,7 +352,7 @@ pub fn unserialisable_payload_rolls_back<C: SyncConn>(db: TestDatabase) {
         Ok::<_, AppError>(())
     });
     match result {
-        Err(AppError::Outbox(e @ outbox::Error::Serialize { .. })) => {
+        Err(AppError::Outbox(e @ outbox::Error::Event(outbox::EventError::Serialize { .. }))) => {
             assert!(e.to_string().contains("`Unserialisable`"), "{e}");
         }
         other => panic!("expected a serialize error, got {other:?}"),
@@ -381,11 +381,11 @@ pub fn oversized_payload_is_refused_at_publish<C: SyncConn>(db: TestDatabase) {
         Ok::<_, AppError>(())
     });
     match result {
-        Err(AppError::Outbox(outbox::Error::PayloadTooLarge {
+        Err(AppError::Outbox(outbox::Error::Event(outbox::EventError::PayloadTooLarge {
             event_type,
             size: s,
             limit,
-        })) => {
+        }))) => {
             assert_eq!(event_type, "DocumentStored");
             assert_eq!((s, limit), (size, outbox::DEFAULT_MAX_PAYLOAD_BYTES));
         }
@@ -396,7 +396,12 @@ pub fn oversized_payload_is_refused_at_publish<C: SyncConn>(db: TestDatabase) {
 
     let free = conn.transaction(|c| outbox::publish(c, &big));
     assert!(
-        matches!(free, Err(outbox::Error::PayloadTooLarge { .. })),
+        matches!(
+            free,
+            Err(outbox::Error::Event(
+                outbox::EventError::PayloadTooLarge { .. }
+            ))
+        ),
         "{free:?}"
     );
     assert_eq!(conn.count(COUNT_EVENTS), 0);

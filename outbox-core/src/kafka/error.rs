@@ -84,3 +84,27 @@ impl fmt::Display for KafkaConfigError {
 }
 
 impl std::error::Error for KafkaConfigError {}
+
+/// No Kafka broker answered [`KafkaPublisher::check_reachable`](super::KafkaPublisher::check_reachable)
+/// in time, or the cluster answered without brokers.
+///
+/// ```
+/// use outbox_core::kafka::BrokerUnreachable;
+/// let err = BrokerUnreachable { brokers: "10.0.0.9:9092".into(), reason: "timed out".into() };
+/// assert_eq!(err.to_string(), "cannot reach Kafka at 10.0.0.9:9092: timed out");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerUnreachable {
+    /// The bootstrap servers that were tried, as configured.
+    pub brokers: String,
+    /// What went wrong: librdkafka's message, or that the cluster named no brokers.
+    pub reason: String,
+}
+
+impl fmt::Display for BrokerUnreachable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cannot reach Kafka at {}: {}", self.brokers, self.reason)
+    }
+}
+
+impl std::error::Error for BrokerUnreachable {}

@@ -1,6 +1,7 @@
 //! Publishing outbox messages to Kafka, and consuming them, with librdkafka (through
-//! `rdkafka`): [`KafkaPublisher`] for the relay, [`KafkaConsumer`] for the consumers (see its
-//! documentation; the rest of this page is about publishing).
+//! `rdkafka`): [`KafkaPublisher`] for the relay (it needs the `relay` feature too),
+//! [`KafkaConsumer`] for the consumers (see its documentation; the rest of this page is about
+//! publishing).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -114,16 +115,31 @@
 //! aggregate to several topics, exactly-once delivery, and the timeout corner above (reported
 //! when it happens).
 
+// The publisher's parts need the relay (its `Publisher` trait and `OutboxMessage`); the
+// consumer needs only the Kafka client.
+#[cfg(feature = "relay")]
 mod batch;
+#[cfg(feature = "relay")]
 mod builder;
+#[cfg(feature = "relay")]
 mod classify;
 mod consumer;
 mod error;
 mod log;
+#[cfg(feature = "relay")]
 mod publisher;
+#[cfg(feature = "relay")]
 mod record;
+#[cfg(feature = "relay")]
 mod watch;
 
+pub use crate::backoff::Backoff;
+pub use crate::envelope::{
+    HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_TYPE, HEADER_EVENT_VERSION, HEADER_ID,
+    RESERVED_HEADERS,
+};
+#[cfg(feature = "relay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
 pub use builder::{DEFAULT_MESSAGE_TIMEOUT, KafkaPublisherBuilder};
 pub use consumer::{
     AfterDeadLetter, ConsumerStats, DEFAULT_MAX_PARKED_KEYS, DEFAULT_OUTAGE_BACKOFF,
@@ -131,9 +147,7 @@ pub use consumer::{
     DLT_HEADER_GROUP, DLT_HEADER_OFFSET, DLT_HEADER_PARKED_BEHIND, DLT_HEADER_PARKED_BEHIND_ID,
     DLT_HEADER_PARTITION, DLT_HEADER_TOPIC, KafkaConsumer, KafkaConsumerBuilder, UndecodablePolicy,
 };
-pub use error::KafkaConfigError;
+pub use error::{BrokerUnreachable, KafkaConfigError};
+#[cfg(feature = "relay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
 pub use publisher::KafkaPublisher;
-pub use record::{
-    HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_TYPE, HEADER_EVENT_VERSION, HEADER_ID,
-    RESERVED_HEADERS,
-};

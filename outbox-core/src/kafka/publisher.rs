@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use super::batch;
 use super::builder::{KafkaPublisherBuilder, create_producer};
 use super::classify;
+use super::error::BrokerUnreachable;
 use super::record::{self, Router};
 use super::watch::{BrokerWatch, WatchContext};
 use crate::relay::{Delivery, OutboxMessage, Publisher};
@@ -146,7 +147,7 @@ impl KafkaPublisher {
     /// publisher.check_reachable(Duration::from_secs(5)).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn check_reachable(&self, timeout: Duration) -> Result<(), String> {
+    pub async fn check_reachable(&self, timeout: Duration) -> Result<(), BrokerUnreachable> {
         let (_, producer) = self.current();
         let brokers = self
             .config
@@ -159,13 +160,14 @@ impl KafkaPublisher {
                 .fetch_metadata(None, timeout)
                 .map(|m| m.brokers().len())
         })
-        .await
-        .map_err(|e| format!("metadata request to Kafka at {brokers} failed: {e}"))?;
-        match found {
-            Ok(n) if n > 0 => Ok(()),
-            Ok(_) => Err(format!("Kafka at {brokers} answered with no brokers")),
-            Err(e) => Err(format!("cannot reach Kafka at {brokers}: {e}")),
-        }
+        .await;
+        let reason = match found {
+            Ok(Ok(n)) if n > 0 => return Ok(()),
+            Ok(Ok(_)) => "the cluster answered with no brokers".to_owned(),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => format!("the metadata request failed: {e}"),
+        };
+        Err(BrokerUnreachable { brokers, reason })
     }
 
     /// The topic `msg` is sent to.

@@ -3,40 +3,20 @@
 use std::fmt;
 use std::sync::Arc;
 
-use chrono::SecondsFormat;
 use rdkafka::message::{Header, OwnedHeaders};
 
-use crate::relay::OutboxMessage;
+use crate::relay::{OutboxMessage, wire_headers};
 
-pub use crate::envelope::{
-    HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_TYPE, HEADER_EVENT_VERSION, HEADER_ID,
-    RESERVED_HEADERS,
-};
+use crate::RESERVED_HEADERS;
 
-/// The Kafka headers of `msg`: the five publisher headers, then every header the event carried
-/// (e.g. `traceparent`) except those named like a publisher header.
+/// The Kafka headers of `msg`: those of [`wire_headers`], the one rule for every publisher.
 pub(crate) fn headers(msg: &OutboxMessage) -> OwnedHeaders {
-    let id = msg.id.hyphenated().to_string();
-    let version = msg.event_version.to_string();
-    let created_at = msg.created_at.to_rfc3339_opts(SecondsFormat::Micros, true);
-    let own = [
-        (HEADER_ID, id.as_str()),
-        (HEADER_EVENT_TYPE, msg.event_type.as_str()),
-        (HEADER_EVENT_VERSION, version.as_str()),
-        (HEADER_AGGREGATE_TYPE, msg.aggregate_type.as_str()),
-        (HEADER_CREATED_AT, created_at.as_str()),
-    ];
-    let carried = msg
-        .headers
-        .iter()
-        .filter(|(k, _)| !RESERVED_HEADERS.contains(&k.as_str()))
-        .map(|(k, v)| (k.as_str(), v.as_str()));
-    own.into_iter().chain(carried).fold(
-        OwnedHeaders::new_with_capacity(own.len() + msg.headers.len()),
+    wire_headers(msg).fold(
+        OwnedHeaders::new_with_capacity(RESERVED_HEADERS.len() + msg.headers.len()),
         |h, (key, value)| {
             h.insert(Header {
                 key,
-                value: Some(value),
+                value: Some(value.as_ref()),
             })
         },
     )
@@ -128,6 +108,9 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         assert_eq!(got, want);
+        // The in-memory broker sends the same headers, by the same rule.
+        let memory: Vec<(String, String)> = crate::relay::message_headers(&message());
+        assert_eq!(got, memory);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::Completion;
+use crate::backoff::Backoff;
 
 /// How relays share the work.
 ///
@@ -51,43 +52,6 @@ pub enum DeadLetterPolicy {
     Skip,
 }
 
-/// Exponential backoff with jitter: attempt `n` waits `initial * multiplier^(n-1)`, at most
-/// `max`, scaled by a random factor in `1 ± jitter`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Backoff {
-    /// The wait after the first failure.
-    pub initial: Duration,
-    /// The longest wait.
-    pub max: Duration,
-    /// Growth per attempt.
-    pub multiplier: f64,
-    /// Relative jitter, `0.0..=1.0`.
-    pub jitter: f64,
-}
-
-impl Backoff {
-    /// The wait after `attempt` failures (1-based), with `unit` a random number in `0..1`.
-    pub fn delay(&self, attempt: u32, unit: f64) -> Duration {
-        let exp = self
-            .multiplier
-            .powi(attempt.saturating_sub(1).min(64) as i32);
-        let base = (self.initial.as_secs_f64() * exp).min(self.max.as_secs_f64());
-        let factor = 1.0 + self.jitter * (2.0 * unit - 1.0);
-        Duration::from_secs_f64((base * factor).clamp(0.0, self.max.as_secs_f64()))
-    }
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            initial: Duration::from_secs(1),
-            max: Duration::from_secs(300),
-            multiplier: 2.0,
-            jitter: 0.2,
-        }
-    }
-}
-
 /// Retention: published rows are deleted in bounded batches once they are older than `keep`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
@@ -107,7 +71,7 @@ pub struct Retention {
 /// let config = RelayConfig { mode: Mode::Sharded, batch_size: 1000, ..RelayConfig::default() };
 /// assert!(config.validate().is_ok());
 /// let bad = RelayConfig { publish_timeout: Duration::from_secs(60), ..config };
-/// assert!(bad.validate().unwrap_err().contains("publish_timeout"));
+/// assert_eq!(bad.validate().unwrap_err().setting(), "publish_timeout");
 /// ```
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
@@ -211,30 +175,39 @@ pub const MAX_RETENTION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 impl Backoff {
     /// Checks this backoff; `name` prefixes the error (`"backoff"`, `"outage_backoff"`).
-    fn validate(&self, name: &str) -> Result<(), String> {
+    fn validate(&self, name: &str) -> Result<(), ConfigError> {
         if self.initial.is_zero() || self.initial > MAX_LEASE {
-            return Err(format!(
-                "{name}.initial must be between 1 ms and {MAX_LEASE:?}, got {:?}",
-                self.initial
+            return Err(ConfigError::new(
+                format!("{name}.initial"),
+                format!(
+                    "{name}.initial must be between 1 ms and {MAX_LEASE:?}, got {:?}",
+                    self.initial
+                ),
             ));
         }
         if self.max < self.initial || self.max > MAX_LEASE {
-            return Err(format!(
-                "{name}.max must be between {name}.initial ({:?}) and {MAX_LEASE:?}, got {:?}",
-                self.initial, self.max
+            return Err(ConfigError::new(
+                format!("{name}.max"),
+                format!(
+                    "{name}.max must be between {name}.initial ({:?}) and {MAX_LEASE:?}, got {:?}",
+                    self.initial, self.max
+                ),
             ));
         }
         // `!(x >= 1.0)` also refuses NaN.
         if !(self.multiplier >= 1.0 && self.multiplier <= 1_000.0) {
-            return Err(format!(
-                "{name}.multiplier must be between 1 and 1000, got {}",
-                self.multiplier
+            return Err(ConfigError::new(
+                format!("{name}.multiplier"),
+                format!(
+                    "{name}.multiplier must be between 1 and 1000, got {}",
+                    self.multiplier
+                ),
             ));
         }
         if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(format!(
-                "{name}.jitter must be between 0 and 1, got {}",
-                self.jitter
+            return Err(ConfigError::new(
+                format!("{name}.jitter"),
+                format!("{name}.jitter must be between 0 and 1, got {}", self.jitter),
             ));
         }
         Ok(())
@@ -253,74 +226,140 @@ impl RelayConfig {
     /// use outbox_core::relay::RelayConfig;
     /// let mut config = RelayConfig::default();
     /// config.backoff.jitter = 1.5;
-    /// assert_eq!(config.validate().unwrap_err(), "backoff.jitter must be between 0 and 1, got 1.5");
+    /// let err = config.validate().unwrap_err();
+    /// assert_eq!(err.setting(), "backoff.jitter");
+    /// assert_eq!(err.to_string(), "backoff.jitter must be between 0 and 1, got 1.5");
     /// ```
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.relay_id.trim().is_empty() || self.relay_id.len() > 200 {
-            return Err(format!(
-                "relay_id must be 1 to 200 characters, got {}",
-                self.relay_id.len()
+            return Err(ConfigError::new(
+                "relay_id",
+                format!(
+                    "relay_id must be 1 to 200 characters, got {}",
+                    self.relay_id.len()
+                ),
             ));
         }
         if self.batch_size == 0 || self.batch_size > 10_000 {
-            return Err(format!(
-                "batch_size must be 1 to 10000, not {}",
-                self.batch_size
+            return Err(ConfigError::new(
+                "batch_size",
+                format!("batch_size must be 1 to 10000, not {}", self.batch_size),
             ));
         }
         if self.lease < Duration::from_millis(100) || self.lease > MAX_LEASE {
-            return Err(format!(
-                "lease must be between 100ms and {MAX_LEASE:?}, got {:?}",
-                self.lease
+            return Err(ConfigError::new(
+                "lease",
+                format!(
+                    "lease must be between 100ms and {MAX_LEASE:?}, got {:?}",
+                    self.lease
+                ),
             ));
         }
         if self.publish_timeout.is_zero() || self.publish_timeout >= self.lease {
-            return Err(format!(
-                "publish_timeout ({:?}) must be above zero and shorter than lease ({:?})",
-                self.publish_timeout, self.lease
+            return Err(ConfigError::new(
+                "publish_timeout",
+                format!(
+                    "publish_timeout ({:?}) must be above zero and shorter than lease ({:?})",
+                    self.publish_timeout, self.lease
+                ),
             ));
         }
         if self.max_attempts == 0 {
-            return Err("max_attempts must be at least 1".into());
+            return Err(ConfigError::new(
+                "max_attempts",
+                "max_attempts must be at least 1",
+            ));
         }
         if self.poll_interval.is_zero() || self.poll_interval > MAX_POLL_INTERVAL {
-            return Err(format!(
-                "poll_interval must be between 1ns and {MAX_POLL_INTERVAL:?}, got {:?}",
-                self.poll_interval
+            return Err(ConfigError::new(
+                "poll_interval",
+                format!(
+                    "poll_interval must be between 1ns and {MAX_POLL_INTERVAL:?}, got {:?}",
+                    self.poll_interval
+                ),
             ));
         }
         if let Some(every) = self.session_check
             && every < Duration::from_millis(10)
         {
-            return Err(format!(
-                "session_check ({every:?}) must be at least 10 ms (each check is a query)"
+            return Err(ConfigError::new(
+                "session_check",
+                format!("session_check ({every:?}) must be at least 10 ms (each check is a query)"),
             ));
         }
         self.backoff.validate("backoff")?;
         self.outage_backoff.validate("outage_backoff")?;
         if let Some(r) = &self.retention {
             if r.keep < Duration::from_secs(1) || r.keep > MAX_RETENTION {
-                return Err(format!(
-                    "retention.keep must be between 1s and {MAX_RETENTION:?} (ten years), got {:?}",
-                    r.keep
+                return Err(ConfigError::new(
+                    "retention.keep",
+                    format!(
+                        "retention.keep must be between 1s and {MAX_RETENTION:?} (ten years), got {:?}",
+                        r.keep
+                    ),
                 ));
             }
             if r.batch == 0 || r.batch > 100_000 {
-                return Err(format!(
-                    "retention.batch must be 1 to 100000, got {}",
-                    r.batch
+                return Err(ConfigError::new(
+                    "retention.batch",
+                    format!("retention.batch must be 1 to 100000, got {}", r.batch),
                 ));
             }
             if r.every.is_zero() || r.every > MAX_LEASE {
-                return Err(format!(
-                    "retention.every must be between 1ns and {MAX_LEASE:?}, got {:?}",
-                    r.every
+                return Err(ConfigError::new(
+                    "retention.every",
+                    format!(
+                        "retention.every must be between 1ns and {MAX_LEASE:?}, got {:?}",
+                        r.every
+                    ),
                 ));
             }
         }
         Ok(())
     }
 }
+
+/// A [`RelayConfig`] setting out of its range or at odds with another one, from
+/// [`RelayConfig::validate`] (and so [`Relay::new`](super::Relay::new)): which setting, and a
+/// one-line message naming it, its range and the value given.
+///
+/// ```
+/// use outbox_core::relay::RelayConfig;
+/// let config = RelayConfig { batch_size: 0, ..RelayConfig::default() };
+/// let err = config.validate().unwrap_err();
+/// assert_eq!(err.setting(), "batch_size");
+/// assert_eq!(err.to_string(), "batch_size must be 1 to 10000, not 0");
+/// // An error type like any other: `?` turns it into `anyhow::Error` or `Box<dyn Error>`.
+/// let boxed: Box<dyn std::error::Error + Send + Sync> = err.into();
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    setting: String,
+    message: String,
+}
+
+impl ConfigError {
+    fn new(setting: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            setting: setting.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The setting at fault, as a field path: `"lease"`, `"backoff.jitter"`,
+    /// `"retention.keep"`.
+    pub fn setting(&self) -> &str {
+        &self.setting
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 /// `host-pid-random`: a fresh id on every call, readable in `locked_by` and `outbox status`.
 /// Use it for each relay of a process that runs several (see [`RelayConfig::relay_id`]).
@@ -331,7 +370,7 @@ pub fn default_relay_id() -> String {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "relay".to_owned());
-    let mut rng = super::stats::SplitMix::seeded();
+    let mut rng = crate::backoff::SplitMix::seeded();
     format!(
         "{host}-{}-{:06x}",
         std::process::id(),
@@ -346,7 +385,7 @@ mod tests {
     fn error_of(change: impl FnOnce(&mut RelayConfig)) -> String {
         let mut config = RelayConfig::default();
         change(&mut config);
-        config.validate().unwrap_err()
+        config.validate().unwrap_err().to_string()
     }
 
     #[test]

@@ -8,12 +8,14 @@ use std::time::{Duration, Instant};
 #[path = "settle.rs"]
 mod settle;
 
-use super::stats::{RelayStats, SplitMix};
+use super::stats::RelayStats;
 use super::{
-    Claim, ClaimOrder, DeadLetterPolicy, Delivery, Mode, Publisher, RelayConfig, RelayHealth,
-    RelayState, RelayStore, StoreError,
+    Claim, ClaimOrder, ConfigError, DeadLetterPolicy, Delivery, Mode, Publisher, RelayConfig,
+    RelayHealth, RelayState, RelayStore, StoreError,
 };
 use tracing::Instrument;
+
+use crate::backoff::SplitMix;
 
 /// A relay: claims batches from a [`RelayStore`], publishes them with a [`Publisher`]
 /// outside any transaction, and settles each message (published, retry later, dead letter,
@@ -50,7 +52,7 @@ pub struct Relay<S, P> {
 impl<S: RelayStore, P: Publisher> Relay<S, P> {
     /// A relay over `store` and `publisher`; fails if `config` does not
     /// [`validate`](RelayConfig::validate).
-    pub fn new(store: S, publisher: P, config: RelayConfig) -> Result<Self, String> {
+    pub fn new(store: S, publisher: P, config: RelayConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Relay {
             store,

@@ -11,6 +11,7 @@
 
 mod config;
 mod engine;
+mod headers;
 mod health;
 mod memory;
 mod metrics;
@@ -18,18 +19,20 @@ mod publisher;
 mod stats;
 mod store;
 
+pub use crate::backoff::Backoff;
 pub use config::{
-    Backoff, DeadLetterPolicy, MAX_LEASE, MAX_POLL_INTERVAL, MAX_RETENTION, Mode, RelayConfig,
+    ConfigError, DeadLetterPolicy, MAX_LEASE, MAX_POLL_INTERVAL, MAX_RETENTION, Mode, RelayConfig,
     Retention, default_relay_id,
 };
 pub use engine::Relay;
+pub use headers::message_headers;
+#[cfg(feature = "kafka")]
+pub(crate) use headers::wire_headers;
 pub use health::{RelayHealth, RelayState};
-pub use memory::{MemoryBroker, MemoryStore, Record, message_headers, test_message};
+pub use memory::{MemoryBroker, MemoryStore, Record, test_message};
 pub use metrics::{METRICS, describe_metrics};
 pub use publisher::{Delivery, OutboxMessage, Publisher};
 pub use stats::RelayStats;
-#[cfg(feature = "kafka")]
-pub(crate) use stats::SplitMix;
 pub use store::{
     Claim, ClaimOrder, Completion, Failure, RelayIdInUse, RelayStore, ShardAssignment, StoreError,
 };

@@ -1,4 +1,4 @@
-//! A relay's counters ([`RelayStats`]) and the jitter generator.
+//! A relay's counters ([`RelayStats`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -72,36 +72,5 @@ impl RelayStats {
         last > 0
             && now.saturating_sub(last) <= u64::try_from(within.as_millis()).unwrap_or(u64::MAX)
             && !self.waiting_for_broker.load(Ordering::Relaxed)
-    }
-}
-
-/// A small, fast, seedable generator for jitter (no dependency needed for that).
-#[derive(Debug, Clone)]
-pub(crate) struct SplitMix(u64);
-
-impl SplitMix {
-    pub(crate) fn seeded() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        SplitMix(
-            nanos ^ (u64::from(std::process::id()) << 32) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        )
-    }
-
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..1`.
-    pub(crate) fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 }

@@ -333,7 +333,7 @@ fn rebalance_in(
 /// outbox_diesel::migrations::run(&mut conn)?;
 /// conn.transaction_with_outbox(|tx| {
 ///     tx.publish(&OrderCreated { order_id: 1, total_cents: 1250 })?;
-///     Ok::<_, outbox_core::Error>(())
+///     Ok::<_, outbox_diesel::Error>(())
 /// })?;
 ///
 /// // The relay publishes it, then shuts down gracefully.

@@ -18,10 +18,10 @@ use super::policy::{
     UndecodablePolicy,
 };
 use super::{KafkaConsumer, Settings};
+use crate::backoff::Backoff;
 use crate::fault::{ClassifyError, ErrorClass, classifier_of};
 use crate::kafka::KafkaConfigError;
 use crate::kafka::log::LogLimiter;
-use crate::relay::Backoff;
 use crate::{BoxError, Envelope, OutboxEvent, Outcome};
 
 /// Builds a [`KafkaConsumer`]. Get one from [`KafkaConsumer::builder`].

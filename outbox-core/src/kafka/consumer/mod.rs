@@ -45,8 +45,8 @@ use dispatch::{Dispatch, Handled, Undecodable};
 use hold::Held;
 use parking::Parking;
 
+use crate::backoff::{Backoff, SplitMix};
 use crate::fault::{ErrorClass, Permanent, chain_text, classify_with};
-use crate::relay::{Backoff, SplitMix};
 
 /// Waits between attempts to reach a broker that refuses the dead letter or the commit.
 const OUTAGE_BACKOFF: Backoff = Backoff {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::relay::Backoff;
+use crate::backoff::Backoff;
 
 /// What happens to the later messages of a key (same topic, same Kafka key) once one of its
 /// messages was dead-lettered.

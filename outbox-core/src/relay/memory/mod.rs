@@ -7,11 +7,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use uuid::Uuid;
 
-use super::{Delivery, OutboxMessage, Publisher};
-use crate::{
-    HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_TYPE, HEADER_EVENT_VERSION, HEADER_ID,
-    Headers, NewMessage,
-};
+use super::{Delivery, OutboxMessage, Publisher, message_headers};
+use crate::{Headers, NewMessage};
 
 mod store;
 pub use store::MemoryStore;
@@ -41,25 +38,6 @@ impl Record {
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     }
-}
-
-/// The headers every publisher sends with a message: `id`, `event_type`, `event_version`,
-/// `aggregate_type`, `created_at` (RFC 3339, UTC, microseconds), then the event's own
-/// headers (e.g. `traceparent`).
-pub fn message_headers(m: &OutboxMessage) -> Vec<(String, String)> {
-    let mut h = vec![
-        (HEADER_ID.to_owned(), m.id.hyphenated().to_string()),
-        (HEADER_EVENT_TYPE.to_owned(), m.event_type.clone()),
-        (HEADER_EVENT_VERSION.to_owned(), m.event_version.to_string()),
-        (HEADER_AGGREGATE_TYPE.to_owned(), m.aggregate_type.clone()),
-        (
-            HEADER_CREATED_AT.to_owned(),
-            m.created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        ),
-    ];
-    h.extend(m.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
-    h
 }
 
 type FaultFn = dyn Fn(&OutboxMessage) -> Option<String> + Send + Sync;
