@@ -1,5 +1,9 @@
 //! Pieces shared by the relay stores.
 
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+use diesel::QueryableByName;
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
 use outbox_core::Headers;
 use outbox_core::relay::{Failure, OutboxMessage, StoreError};
 
@@ -257,6 +261,49 @@ pub(crate) fn placeholders(n: usize) -> String {
     s
 }
 
+/// `prefix` + `?, …` for `values` + `)` + `suffix`, with `bind` applied to the prefix's own
+/// binds and then every value bound in order by `bind_value`. No value is ever written into
+/// the SQL.
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+pub(crate) fn in_list<'a, DB, T, B, V>(
+    prefix: &str,
+    values: &'a [T],
+    suffix: &str,
+    bind: B,
+    bind_value: V,
+) -> BoxedSqlQuery<'a, DB, SqlQuery>
+where
+    DB: diesel::backend::Backend,
+    B: FnOnce(BoxedSqlQuery<'a, DB, SqlQuery>) -> BoxedSqlQuery<'a, DB, SqlQuery>,
+    V: Fn(BoxedSqlQuery<'a, DB, SqlQuery>, &'a T) -> BoxedSqlQuery<'a, DB, SqlQuery>,
+{
+    let sql = format!("{prefix}{}){suffix}", placeholders(values.len()));
+    values
+        .iter()
+        .fold(bind(diesel::sql_query(sql).into_boxed()), bind_value)
+}
+
+/// One `prefix(?, …)suffix` statement per [`IN_LIST_MAX`] of `seqs`, `bind` binding the
+/// prefix's own parameters before the `seq`s.
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+pub(crate) fn seq_lists<'a, DB, B>(
+    prefix: &'a str,
+    suffix: &'a str,
+    seqs: &'a [i64],
+    bind: B,
+) -> impl Iterator<Item = BoxedSqlQuery<'a, DB, SqlQuery>> + 'a
+where
+    DB: diesel::backend::Backend + diesel::sql_types::HasSqlType<diesel::sql_types::BigInt>,
+    i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, DB>,
+    B: Fn(BoxedSqlQuery<'a, DB, SqlQuery>) -> BoxedSqlQuery<'a, DB, SqlQuery> + 'a,
+{
+    seqs.chunks(IN_LIST_MAX).map(move |chunk| {
+        in_list(prefix, chunk, suffix, &bind, |q, seq| {
+            q.bind::<diesel::sql_types::BigInt, _>(*seq)
+        })
+    })
+}
+
 /// An event id stored as text (MySQL, SQLite). A malformed one makes the row malformed,
 /// never a silently invented id.
 #[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
@@ -336,6 +383,28 @@ impl ClaimedColumns {
             created_at,
             attempts: self.attempts,
         })
+    }
+}
+
+/// A claimed row where the id is stored as text and the creation time as naive UTC
+/// (MySQL's `DATETIME(6)`, SQLite's `YYYY-MM-DD HH:MM:SS.ffffff` text).
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+#[derive(QueryableByName)]
+pub(crate) struct TextIdRow {
+    #[diesel(embed)]
+    columns: ClaimedColumns,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    id: String,
+    #[diesel(sql_type = diesel::sql_types::Timestamp)]
+    created_at: chrono::NaiveDateTime,
+}
+
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+impl TextIdRow {
+    /// The message, or the row's [`malformed`] failure (an invalid id among them).
+    pub(crate) fn into_message(self) -> Result<OutboxMessage, Malformed> {
+        let id = parse_id(self.columns.seq, &self.id);
+        self.columns.into_message(id, self.created_at.and_utc())
     }
 }
 
