@@ -24,7 +24,7 @@ pub use config::{
 };
 pub use engine::Relay;
 pub use health::{RelayHealth, RelayState};
-pub use memory::{MemoryBroker, MemoryStore, Record, message_headers, test_message};
+pub use memory::{MemoryBroker, MemoryRow, MemoryStore, Record, message_headers, test_message};
 pub use metrics::{METRICS, describe_metrics};
 pub use publisher::{Delivery, OutboxMessage, Publisher};
 pub use stats::RelayStats;

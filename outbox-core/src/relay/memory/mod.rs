@@ -14,7 +14,7 @@ use crate::{
 };
 
 mod store;
-pub use store::MemoryStore;
+pub use store::{MemoryRow, MemoryStore};
 
 /// A message as the in-memory broker stored it.
 #[derive(Debug, Clone, PartialEq)]

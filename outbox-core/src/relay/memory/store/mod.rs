@@ -1,15 +1,15 @@
-//! The in-memory [`MemoryStore`].
+//! The in-memory [`MemoryStore`]: its state and the handles tests use; its
+//! [`RelayStore`] methods are in `relay_store.rs`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+mod relay_store;
+
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::lock;
-use crate::relay::{
-    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayIdInUse, RelayState,
-    RelayStore, ShardAssignment, StoreError,
-};
-use crate::{NewMessage, SHARD_COUNT};
+use crate::NewMessage;
+use crate::relay::{RelayHealth, RelayIdInUse, RelayState, StoreError};
 
 #[derive(Debug, Clone)]
 struct Row {
@@ -21,6 +21,24 @@ struct Row {
     published: Option<Instant>,
     dead: bool,
     last_error: Option<String>,
+}
+
+/// A row of a [`MemoryStore`], as tests look at it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryRow {
+    /// Its position in the outbox.
+    pub seq: i64,
+    /// Claims counted against it.
+    pub attempts: i32,
+    /// The relay whose lease it last was (cleared when settled or released).
+    pub locked_by: Option<String>,
+    /// Whether it was published.
+    pub published: bool,
+    /// Whether it was dead-lettered.
+    pub dead: bool,
+    /// The last failure recorded.
+    pub last_error: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -143,6 +161,47 @@ impl MemoryStore {
         }
     }
 
+    /// Every row, in `seq` order.
+    pub fn rows(&self) -> Vec<MemoryRow> {
+        lock(&self.state)
+            .rows
+            .iter()
+            .map(|(seq, r)| MemoryRow {
+                seq: *seq,
+                attempts: r.attempts,
+                locked_by: r.locked_by.clone(),
+                published: r.published.is_some(),
+                dead: r.dead,
+                last_error: r.last_error.clone(),
+            })
+            .collect()
+    }
+
+    /// Every relay with a heartbeat row, with the health it last reported (`None` for one
+    /// that only rebalanced shards, which records its liveness too), by id.
+    pub fn relays(&self) -> Vec<(String, Option<RelayHealth>)> {
+        let s = lock(&self.state);
+        let mut ids: Vec<&String> = s.health.keys().chain(s.relays.keys()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .map(|id| (id.clone(), s.health.get(id).map(|h| h.health.clone())))
+            .collect()
+    }
+
+    /// The shards whose lease names `relay`, expired or not (a lease keeps its owner until
+    /// another relay takes it), in order.
+    pub fn shards_of(&self, relay: &str) -> Vec<i16> {
+        let mut shards: Vec<i16> = lock(&self.state)
+            .shards
+            .iter()
+            .filter(|(_, (owner, _))| owner == relay)
+            .map(|(shard, _)| *shard)
+            .collect();
+        shards.sort_unstable();
+        shards
+    }
+
     /// Makes the next `n` store calls fail, as if the database were unreachable.
     pub fn fail_next_calls(&self, n: usize) {
         lock(&self.state).fail_next = n;
@@ -166,336 +225,5 @@ impl MemoryStore {
             ));
         }
         Ok(s)
-    }
-}
-
-fn leased_by_other(row: &Row, relay: &str, now: Instant) -> bool {
-    matches!((&row.locked_by, row.locked_until), (Some(by), Some(until)) if by != relay && until > now)
-}
-
-fn to_message(seq: i64, row: &Row) -> OutboxMessage {
-    let m = &row.message;
-    OutboxMessage {
-        seq,
-        id: m.id,
-        aggregate_type: m.aggregate_type.to_string(),
-        aggregate_id: m.aggregate_id.clone(),
-        event_type: m.event_type.to_string(),
-        event_version: m.event_version,
-        payload: m.payload.clone(),
-        headers: m.headers.clone(),
-        topic: m.topic.as_ref().map(|t| t.to_string()),
-        shard: m.shard,
-        created_at: m.created_at,
-        attempts: row.attempts,
-    }
-}
-
-impl RelayStore for MemoryStore {
-    async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
-        self.refuse("claim")?;
-        let mut s = self.enter("claim")?;
-        let now = Instant::now();
-        let relay = claim.relay;
-        let (ordered, shards_only, leader_only, dead_block) = match claim.order {
-            ClaimOrder::Unordered => (false, false, false, false),
-            ClaimOrder::Ordered {
-                owned_shards_only,
-                leader_only,
-                dead_letters_block,
-            } => (true, owned_shards_only, leader_only, dead_letters_block),
-        };
-        if leader_only && !matches!(&s.leader, Some((h, until)) if h == relay && *until > now) {
-            return Ok(Vec::new());
-        }
-        let owned: HashSet<i16> = s
-            .shards
-            .iter()
-            .filter(|(_, (o, until))| o == relay && *until > now)
-            .map(|(k, _)| *k)
-            .collect();
-        let mut blocked: HashSet<(String, String)> = HashSet::new();
-        let mut picked = Vec::new();
-        for (seq, row) in s.rows.iter() {
-            if picked.len() >= claim.limit {
-                break;
-            }
-            if row.published.is_some() {
-                continue;
-            }
-            let key = (
-                row.message.aggregate_type.to_string(),
-                row.message.aggregate_id.clone(),
-            );
-            if shards_only && !owned.contains(&row.message.shard) {
-                continue;
-            }
-            if row.dead {
-                if ordered && dead_block {
-                    blocked.insert(key);
-                }
-                continue;
-            }
-            let claimable = row.available_at <= now && !leased_by_other(row, relay, now);
-            if ordered {
-                if blocked.contains(&key) {
-                    continue;
-                }
-                if !claimable {
-                    blocked.insert(key);
-                    continue;
-                }
-            } else if !claimable {
-                continue;
-            }
-            picked.push(*seq);
-        }
-        let until = now + claim.lease;
-        let mut out = Vec::with_capacity(picked.len());
-        for seq in picked {
-            if let Some(row) = s.rows.get_mut(&seq) {
-                row.attempts += 1;
-                row.locked_by = Some(relay.to_owned());
-                row.locked_until = Some(until);
-                out.push(to_message(seq, row));
-            }
-        }
-        Ok(out)
-    }
-
-    async fn complete(
-        &mut self,
-        relay: &str,
-        seqs: &[i64],
-        completion: Completion,
-    ) -> Result<u64, StoreError> {
-        let mut s = self.enter("mark published")?;
-        let mut n = 0;
-        for seq in seqs {
-            let ours = s
-                .rows
-                .get(seq)
-                .is_some_and(|r| r.locked_by.as_deref() == Some(relay));
-            if !ours {
-                continue;
-            }
-            n += 1;
-            match completion {
-                Completion::Delete => {
-                    s.rows.remove(seq);
-                }
-                Completion::MarkPublished => {
-                    if let Some(r) = s.rows.get_mut(seq) {
-                        r.published = Some(Instant::now());
-                        r.locked_by = None;
-                        r.locked_until = None;
-                    }
-                }
-            }
-        }
-        Ok(n)
-    }
-
-    async fn fail(&mut self, relay: &str, failures: &[Failure]) -> Result<u64, StoreError> {
-        let mut s = self.enter("record failures")?;
-        let now = Instant::now();
-        let mut n = 0;
-        for f in failures {
-            if let Some(r) = s
-                .rows
-                .get_mut(&f.seq)
-                .filter(|r| r.locked_by.as_deref() == Some(relay))
-            {
-                n += 1;
-                r.locked_by = None;
-                r.locked_until = None;
-                r.last_error = Some(f.error.clone());
-                match f.retry_after {
-                    Some(d) => r.available_at = now + d,
-                    None => r.dead = true,
-                }
-            }
-        }
-        Ok(n)
-    }
-
-    async fn release(&mut self, relay: &str, seqs: &[i64]) -> Result<u64, StoreError> {
-        let mut s = self.enter("release")?;
-        let mut n = 0;
-        for seq in seqs {
-            if let Some(r) = s
-                .rows
-                .get_mut(seq)
-                .filter(|r| r.locked_by.as_deref() == Some(relay))
-            {
-                n += 1;
-                r.locked_by = None;
-                r.locked_until = None;
-                r.attempts -= 1;
-            }
-        }
-        Ok(n)
-    }
-
-    async fn acquire_leadership(
-        &mut self,
-        relay: &str,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.refuse("acquire leadership")?;
-        let mut s = self.enter("acquire leadership")?;
-        let now = Instant::now();
-        let free = match &s.leader {
-            None => true,
-            Some((holder, until)) => holder == relay || *until <= now,
-        };
-        if free {
-            s.leader = Some((relay.to_owned(), now + lease));
-        }
-        Ok(free)
-    }
-
-    async fn rebalance_shards(
-        &mut self,
-        relay: &str,
-        lease: Duration,
-    ) -> Result<ShardAssignment, StoreError> {
-        self.refuse("rebalance shards")?;
-        let mut s = self.enter("rebalance shards")?;
-        let now = Instant::now();
-        s.relays.insert(relay.to_owned(), now + lease);
-        s.relays.retain(|_, until| *until > now);
-        let live = s.relays.len().max(1);
-        let fair = (usize::from(SHARD_COUNT)).div_ceil(live);
-        let mut owned: Vec<i16> = s
-            .shards
-            .iter()
-            .filter(|(_, (o, until))| o == relay && *until > now)
-            .map(|(k, _)| *k)
-            .collect();
-        owned.sort_unstable();
-        while owned.len() > fair {
-            if let Some(shard) = owned.pop() {
-                s.shards.remove(&shard);
-            }
-        }
-        for shard in 0..SHARD_COUNT as i16 {
-            if owned.len() >= fair {
-                break;
-            }
-            let free = match s.shards.get(&shard) {
-                None => true,
-                Some((_, until)) => *until <= now,
-            };
-            if free {
-                owned.push(shard);
-            }
-        }
-        for shard in &owned {
-            s.shards.insert(*shard, (relay.to_owned(), now + lease));
-        }
-        owned.sort_unstable();
-        Ok(ShardAssignment {
-            owned,
-            live_relays: live,
-        })
-    }
-
-    async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
-        if self.in_use.is_some() {
-            return Ok(()); // the id's leases are the other relay's
-        }
-        let mut s = self.enter("release leases")?;
-        s.shards.retain(|_, (o, _)| o != relay);
-        s.relays.remove(relay);
-        s.health.remove(relay);
-        if matches!(&s.leader, Some((h, _)) if h == relay) {
-            s.leader = None;
-        }
-        for r in s.rows.values_mut() {
-            if r.locked_by.as_deref() == Some(relay) {
-                r.locked_by = None;
-                r.locked_until = None;
-                r.attempts -= 1;
-            }
-        }
-        Ok(())
-    }
-
-    async fn heartbeat(
-        &mut self,
-        relay: &str,
-        lease: Duration,
-        health: &RelayHealth,
-    ) -> Result<(), StoreError> {
-        let handle = self.handle;
-        let holder = {
-            let mut s = self.enter("heartbeat")?;
-            let holder = match s.health.get(relay).and_then(|h| h.session) {
-                Some((other, true)) if health.track_session && other != handle => Some(other),
-                _ => None,
-            };
-            if holder.is_none() {
-                if health.mode == super::super::Mode::Sharded {
-                    s.relays.insert(relay.to_owned(), Instant::now() + lease);
-                }
-                s.health.insert(
-                    relay.to_owned(),
-                    HealthRow {
-                        health: health.clone(),
-                        session: health.track_session.then_some((handle, true)),
-                    },
-                );
-            }
-            holder
-        };
-        self.in_use =
-            holder.map(|other| RelayIdInUse::new(relay, format!("memory store clone {other}")));
-        self.refuse("heartbeat")
-    }
-
-    async fn reap_dead_relays(&mut self, relay: &str) -> Result<Vec<String>, StoreError> {
-        if self.in_use.is_some() {
-            return Ok(Vec::new());
-        }
-        let mut s = self.enter("reap dead relays")?;
-        let dead: Vec<String> = s
-            .health
-            .iter()
-            .filter(|(id, h)| id.as_str() != relay && matches!(h.session, Some((_, false))))
-            .map(|(id, _)| id.clone())
-            .collect();
-        let now = Instant::now();
-        for id in &dead {
-            s.health.remove(id);
-            s.relays.remove(id);
-            s.shards.retain(|_, (owner, _)| owner != id);
-            if matches!(&s.leader, Some((h, _)) if h == id) {
-                s.leader = None;
-            }
-            // Expire the row leases; the attempt stays counted, as when a lease runs out.
-            for r in s.rows.values_mut() {
-                if r.locked_by.as_deref() == Some(id.as_str()) {
-                    r.locked_until = Some(now);
-                }
-            }
-        }
-        Ok(dead)
-    }
-
-    async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
-        let mut s = self.enter("clean up")?;
-        let now = Instant::now();
-        let old: Vec<i64> = s
-            .rows
-            .iter()
-            .filter(|(_, r)| r.published.is_some_and(|at| at + older_than <= now))
-            .map(|(k, _)| *k)
-            .take(limit)
-            .collect();
-        for seq in &old {
-            s.rows.remove(seq);
-        }
-        Ok(old.len() as u64)
     }
 }
