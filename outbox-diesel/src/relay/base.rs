@@ -249,3 +249,28 @@ impl<C: Connector> Base<C> {
         self.check("reap dead relays", r)
     }
 }
+
+/// The `heartbeat` and `reap_dead_relays` of a store on a backend that records relay
+/// sessions: the [`Base`]'s, in the store's `impl RelayStore` (its base in `self.base`).
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+macro_rules! session_methods {
+    () => {
+        async fn heartbeat(
+            &mut self,
+            relay: &str,
+            lease: std::time::Duration,
+            health: &outbox_core::relay::RelayHealth,
+        ) -> Result<(), outbox_core::relay::StoreError> {
+            self.base.heartbeat(relay, lease, health).await
+        }
+
+        async fn reap_dead_relays(
+            &mut self,
+            relay: &str,
+        ) -> Result<Vec<String>, outbox_core::relay::StoreError> {
+            self.base.reap(relay).await
+        }
+    };
+}
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+pub(crate) use session_methods;

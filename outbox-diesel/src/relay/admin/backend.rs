@@ -66,8 +66,95 @@ pub trait AdminConnection: Sealed + Send {
     ) -> impl Future<Output = Result<u64, AdminError>> + Send;
 }
 
+/// Defines the admin statements whose text is the same on every backend but for the filter
+/// (the backend's `filter!()`, expanded where this is), the time they take as now
+/// (`retry_now`, `replay_now`: SQLite binds it, `?9` and `?11`) and the placeholders of
+/// their own parameters (`after`, `limit`, `last`).
+macro_rules! filtered_statements {
+    (
+        retry_now: $retry_now:literal,
+        replay_now: $replay_now:literal,
+        after: $after:literal,
+        limit: $limit:literal,
+        last: $last:literal $(,)?
+    ) => {
+        /// Aggregates whose dead letter holds back a later pending event (index
+        /// `outbox_events_dead_aggregate`, then `outbox_events_pending_aggregate`).
+        const BLOCKED: &str = "SELECT COUNT(*) AS n FROM (SELECT DISTINCT d.aggregate_type, \
+             d.aggregate_id FROM outbox_events d WHERE d.dead_at IS NOT NULL \
+             AND d.published_at IS NULL \
+             AND EXISTS (SELECT 1 FROM outbox_events p WHERE p.aggregate_type = d.aggregate_type \
+                 AND p.aggregate_id = d.aggregate_id AND p.seq > d.seq \
+                 AND p.published_at IS NULL AND p.dead_at IS NULL)) b";
+        const COUNT_DEAD: &str = concat!(
+            "SELECT COUNT(*) AS n FROM outbox_events \
+             WHERE dead_at IS NOT NULL AND published_at IS NULL",
+            filter!()
+        );
+        const COUNT_PUBLISHED: &str = concat!(
+            "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NOT NULL",
+            filter!()
+        );
+        const RETRY: &str = concat!(
+            "UPDATE outbox_events SET attempts = 0, dead_at = NULL, available_at = ",
+            $retry_now,
+            ", locked_by = NULL, locked_until = NULL \
+             WHERE dead_at IS NOT NULL AND published_at IS NULL",
+            filter!()
+        );
+        const PURGE: &str = concat!(
+            "DELETE FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL",
+            filter!()
+        );
+        const REPLAY_BOUND: &str = concat!(
+            "SELECT MAX(seq) AS last FROM (SELECT seq FROM outbox_events \
+             WHERE published_at IS NOT NULL",
+            filter!(),
+            " AND seq > ",
+            $after,
+            " ORDER BY seq LIMIT ",
+            $limit,
+            ") s"
+        );
+        const REPLAY: &str = concat!(
+            "UPDATE outbox_events SET published_at = NULL, attempts = 0, available_at = ",
+            $replay_now,
+            ", locked_by = NULL, locked_until = NULL, last_error = NULL \
+             WHERE published_at IS NOT NULL",
+            filter!(),
+            " AND seq > ",
+            $after,
+            " AND seq <= ",
+            $last
+        );
+    };
+}
+pub(crate) use filtered_statements;
+
 /// The "now" of a backend whose statements read the server's clock: nothing to bind.
 pub(crate) struct ServerClock;
+
+/// `clock` and `stamp` of the backends whose statements read the server's clock
+/// (PostgreSQL, MySQL).
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+pub(crate) mod server {
+    use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+
+    use super::ServerClock;
+
+    /// The server reads its own clock.
+    pub(crate) fn clock() -> ServerClock {
+        ServerClock
+    }
+
+    /// Binds nothing: the statements read the server's clock.
+    pub(crate) fn stamp<'a, DB: diesel::backend::Backend>(
+        q: BoxedSqlQuery<'a, DB, SqlQuery>,
+        _now: &ServerClock,
+    ) -> BoxedSqlQuery<'a, DB, SqlQuery> {
+        q
+    }
+}
 
 /// Implements [`AdminConnection`] for `$conn` over the statements of the module it is
 /// expanded in: the constants `COUNTS`, `BLOCKED`, `RELAYS`, `LEADER`, `LIST_DEAD`,

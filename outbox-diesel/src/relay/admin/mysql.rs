@@ -9,7 +9,8 @@ use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
 use diesel::sql_types::{BigInt, Datetime, Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 
-use super::backend::{AdminConnection, Sealed, ServerClock, admin_connection};
+use super::backend::server::{clock, stamp};
+use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
 use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
     Status, db,
@@ -45,11 +46,6 @@ const COUNTS: &str = concat!(
          UTC_TIMESTAMP(6)) AS DOUBLE) / 1000000.0 AS oldest_pending_age \
      FROM outbox_events"
 );
-const BLOCKED: &str = "SELECT COUNT(*) AS n FROM (SELECT DISTINCT d.aggregate_type, d.aggregate_id \
-     FROM outbox_events d WHERE d.dead_at IS NOT NULL AND d.published_at IS NULL \
-     AND EXISTS (SELECT 1 FROM outbox_events p WHERE p.aggregate_type = d.aggregate_type \
-         AND p.aggregate_id = d.aggregate_id AND p.seq > d.seq \
-         AND p.published_at IS NULL AND p.dead_at IS NULL)) b";
 const RELAYS: &str = concat!(
     "SELECT r.relay_id, r.mode, r.state, ",
     time!("r.state_since"),
@@ -72,36 +68,13 @@ const LIST_DEAD: &str = concat!(
     filter!(),
     " AND seq > ? ORDER BY seq LIMIT ?"
 );
-const COUNT_DEAD: &str = concat!(
-    "SELECT COUNT(*) AS n FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const COUNT_PUBLISHED: &str = concat!(
-    "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NOT NULL",
-    filter!()
-);
-const RETRY: &str = concat!(
-    "UPDATE outbox_events SET attempts = 0, dead_at = NULL, available_at = UTC_TIMESTAMP(6), \
-     locked_by = NULL, locked_until = NULL \
-     WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const PURGE: &str = concat!(
-    "DELETE FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const REPLAY_BOUND: &str = concat!(
-    "SELECT MAX(seq) AS last FROM (SELECT seq FROM outbox_events \
-     WHERE published_at IS NOT NULL",
-    filter!(),
-    " AND seq > ? ORDER BY seq LIMIT ?) s"
-);
-const REPLAY: &str = concat!(
-    "UPDATE outbox_events SET published_at = NULL, attempts = 0, available_at = UTC_TIMESTAMP(6), \
-     locked_by = NULL, locked_until = NULL, last_error = NULL \
-     WHERE published_at IS NOT NULL",
-    filter!(),
-    " AND seq > ? AND seq <= ?"
+
+filtered_statements!(
+    retry_now: "UTC_TIMESTAMP(6)",
+    replay_now: "UTC_TIMESTAMP(6)",
+    after: "?",
+    limit: "?",
+    last: "?",
 );
 
 /// Binds a filter: each value twice, in the order of `filter!`.
@@ -127,19 +100,6 @@ fn bind<'a>(sql: &'static str, f: &Filter) -> BoxedSqlQuery<'a, Mysql, SqlQuery>
         .bind::<Nullable<Text>, _>(f.aggregate_id.clone())
         .bind::<Nullable<Text>, _>(f.event_type.clone())
         .bind::<Nullable<Text>, _>(f.event_type.clone())
-}
-
-/// The server reads its own clock.
-fn clock() -> ServerClock {
-    ServerClock
-}
-
-/// Binds nothing: the statements read `UTC_TIMESTAMP(6)`.
-fn stamp<'a>(
-    q: BoxedSqlQuery<'a, Mysql, SqlQuery>,
-    _now: &ServerClock,
-) -> BoxedSqlQuery<'a, Mysql, SqlQuery> {
-    q
 }
 
 fn cleanup(older_than: Duration, limit: i64) -> BoxedSqlQuery<'static, Mysql, SqlQuery> {

@@ -10,7 +10,8 @@ use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
 use diesel::sql_types::{Array, BigInt, Double, Nullable, Text, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use super::backend::{AdminConnection, Sealed, ServerClock, admin_connection};
+use super::backend::server::{clock, stamp};
+use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
 use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
     Status, db,
@@ -51,13 +52,6 @@ const COUNTS: &str = concat!(
          AS oldest_pending_age \
      FROM outbox_events"
 );
-/// Aggregates whose dead letter holds back a later pending event (index
-/// `outbox_events_dead_aggregate`, then `outbox_events_pending_aggregate`).
-const BLOCKED: &str = "SELECT COUNT(*) AS n FROM (SELECT DISTINCT d.aggregate_type, d.aggregate_id \
-     FROM outbox_events d WHERE d.dead_at IS NOT NULL AND d.published_at IS NULL \
-     AND EXISTS (SELECT 1 FROM outbox_events p WHERE p.aggregate_type = d.aggregate_type \
-         AND p.aggregate_id = d.aggregate_id AND p.seq > d.seq \
-         AND p.published_at IS NULL AND p.dead_at IS NULL)) b";
 const RELAYS: &str = concat!(
     "SELECT r.relay_id, r.mode, r.state, ",
     time!("r.state_since"),
@@ -79,36 +73,13 @@ const LIST_DEAD: &str = concat!(
     filter!(),
     " AND seq > $9 ORDER BY seq LIMIT $10"
 );
-const COUNT_DEAD: &str = concat!(
-    "SELECT COUNT(*) AS n FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const COUNT_PUBLISHED: &str = concat!(
-    "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NOT NULL",
-    filter!()
-);
-const RETRY: &str = concat!(
-    "UPDATE outbox_events SET attempts = 0, dead_at = NULL, available_at = now(), \
-     locked_by = NULL, locked_until = NULL \
-     WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const PURGE: &str = concat!(
-    "DELETE FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const REPLAY_BOUND: &str = concat!(
-    "SELECT MAX(seq) AS last FROM (SELECT seq FROM outbox_events \
-     WHERE published_at IS NOT NULL",
-    filter!(),
-    " AND seq > $9 ORDER BY seq LIMIT $10) s"
-);
-const REPLAY: &str = concat!(
-    "UPDATE outbox_events SET published_at = NULL, attempts = 0, available_at = now(), \
-     locked_by = NULL, locked_until = NULL, last_error = NULL \
-     WHERE published_at IS NOT NULL",
-    filter!(),
-    " AND seq > $9 AND seq <= $10"
+
+filtered_statements!(
+    retry_now: "now()",
+    replay_now: "now()",
+    after: "$9",
+    limit: "$10",
+    last: "$10",
 );
 
 /// Binds a filter as `$1`..`$8`.
@@ -123,19 +94,6 @@ fn bind<'a>(sql: &'static str, f: &'a Filter) -> BoxedSqlQuery<'a, Pg, SqlQuery>
         .bind::<Nullable<Text>, _>(f.aggregate_type.as_deref())
         .bind::<Nullable<Text>, _>(f.aggregate_id.as_deref())
         .bind::<Nullable<Text>, _>(f.event_type.as_deref())
-}
-
-/// The server reads its own clock.
-fn clock() -> ServerClock {
-    ServerClock
-}
-
-/// Binds nothing: the statements read `now()`.
-fn stamp<'a>(
-    q: BoxedSqlQuery<'a, Pg, SqlQuery>,
-    _now: &ServerClock,
-) -> BoxedSqlQuery<'a, Pg, SqlQuery> {
-    q
 }
 
 fn cleanup(older_than: Duration, limit: i64) -> BoxedSqlQuery<'static, Pg, SqlQuery> {

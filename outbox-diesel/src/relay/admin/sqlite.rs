@@ -13,7 +13,7 @@ use diesel::sqlite::Sqlite;
 use diesel_async::RunQueryDsl;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
-use super::backend::{AdminConnection, Sealed, admin_connection};
+use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
 use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
     Status, db,
@@ -42,11 +42,6 @@ const COUNTS: &str = "SELECT \
      (julianday(?1) - julianday(MIN(CASE WHEN published_at IS NULL AND dead_at IS NULL THEN created_at END))) \
          * 86400.0 AS oldest_pending_age \
      FROM outbox_events";
-const BLOCKED: &str = "SELECT COUNT(*) AS n FROM (SELECT DISTINCT d.aggregate_type, d.aggregate_id \
-     FROM outbox_events d WHERE d.dead_at IS NOT NULL AND d.published_at IS NULL \
-     AND EXISTS (SELECT 1 FROM outbox_events p WHERE p.aggregate_type = d.aggregate_type \
-         AND p.aggregate_id = d.aggregate_id AND p.seq > d.seq \
-         AND p.published_at IS NULL AND p.dead_at IS NULL)) b";
 /// `?1`: now. SQLite relays record no session.
 const RELAYS: &str = "SELECT r.relay_id, r.mode, r.state, r.state_since, \
      CAST(CASE WHEN r.heartbeat_until > ?1 THEN 1 ELSE 0 END AS INTEGER) AS live, \
@@ -62,38 +57,13 @@ const LIST_DEAD: &str = concat!(
     filter!(),
     " AND seq > ?9 ORDER BY seq LIMIT ?10"
 );
-const COUNT_DEAD: &str = concat!(
-    "SELECT COUNT(*) AS n FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const COUNT_PUBLISHED: &str = concat!(
-    "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NOT NULL",
-    filter!()
-);
-/// `?9`: now.
-const RETRY: &str = concat!(
-    "UPDATE outbox_events SET attempts = 0, dead_at = NULL, available_at = ?9, \
-     locked_by = NULL, locked_until = NULL \
-     WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const PURGE: &str = concat!(
-    "DELETE FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const REPLAY_BOUND: &str = concat!(
-    "SELECT MAX(seq) AS last FROM (SELECT seq FROM outbox_events \
-     WHERE published_at IS NOT NULL",
-    filter!(),
-    " AND seq > ?9 ORDER BY seq LIMIT ?10) s"
-);
-/// `?11`: now.
-const REPLAY: &str = concat!(
-    "UPDATE outbox_events SET published_at = NULL, attempts = 0, available_at = ?11, \
-     locked_by = NULL, locked_until = NULL, last_error = NULL \
-     WHERE published_at IS NOT NULL",
-    filter!(),
-    " AND seq > ?9 AND seq <= ?10"
+
+filtered_statements!(
+    retry_now: "?9",
+    replay_now: "?11",
+    after: "?9",
+    limit: "?10",
+    last: "?10",
 );
 
 type Conn = SyncConnectionWrapper<SqliteConnection>;

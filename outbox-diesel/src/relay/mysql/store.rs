@@ -7,12 +7,13 @@ use diesel::mysql::Mysql;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use outbox_core::relay::{
-    Claim, Completion, Failure, OutboxMessage, RelayHealth, RelayStore, ShardAssignment, StoreError,
+    Claim, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
 };
 
 use super::MysqlRelayStore;
 use super::sql::*;
 use super::units::{ClaimError, claim_in, heartbeat, in_transaction, rebalance_in};
+use crate::relay::base::session_methods;
 use crate::relay::common::{HolderRow, micros, seq_lists, settle_malformed, split_malformed};
 
 /// `last_error` is a `TEXT` column: at most 65,535 bytes.
@@ -190,18 +191,7 @@ impl RelayStore for MysqlRelayStore {
         self.base.check("release leases", r)
     }
 
-    async fn heartbeat(
-        &mut self,
-        relay: &str,
-        lease: Duration,
-        health: &RelayHealth,
-    ) -> Result<(), StoreError> {
-        self.base.heartbeat(relay, lease, health).await
-    }
-
-    async fn reap_dead_relays(&mut self, relay: &str) -> Result<Vec<String>, StoreError> {
-        self.base.reap(relay).await
-    }
+    session_methods!();
 
     async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         let conn = self.base.conn().await?;

@@ -9,7 +9,7 @@ use outbox_core::relay::{Claim, ClaimOrder, OutboxMessage, ShardAssignment};
 
 use super::sql::*;
 use crate::relay::common::{
-    CountRow, Malformed, ShardRow, TextIdRow, fair_share, in_list, micros, seq_lists,
+    CountRow, Malformed, ShardRow, Share, TextIdRow, assignment, in_list, micros, seq_lists, share,
 };
 
 /// How often a unit of work that InnoDB chose as a deadlock victim is run again at once.
@@ -176,7 +176,6 @@ pub(super) async fn rebalance_in(
         .get_result::<CountRow>(conn)
         .await?
         .n;
-    let fair = fair_share(live);
     diesel::sql_query(RENEW_SHARDS)
         .bind::<BigInt, _>(lease)
         .bind::<Text, _>(relay)
@@ -189,43 +188,41 @@ pub(super) async fn rebalance_in(
         .into_iter()
         .map(|r| r.shard)
         .collect();
-    let fair_usize = usize::try_from(fair).unwrap_or(usize::MAX);
-    if owned.len() > fair_usize {
-        let surplus = owned.split_off(fair_usize);
-        in_list(
-            GIVE_UP_SHARDS,
-            &surplus,
-            "",
-            |q| q.bind::<Text, _>(relay),
-            |q, s| q.bind::<SmallInt, _>(*s),
-        )
-        .execute(conn)
-        .await?;
-    } else if owned.len() < fair_usize {
-        let want = fair - owned.len() as i64;
-        let free: Vec<i16> = diesel::sql_query(FREE_SHARDS)
-            .bind::<BigInt, _>(want)
-            .load::<ShardRow>(conn)
-            .await?
-            .into_iter()
-            .map(|r| r.shard)
-            .collect();
-        if !free.is_empty() {
+    match share(&mut owned, live) {
+        Share::GiveUp(surplus) => {
             in_list(
-                TAKE_SHARDS,
-                &free,
+                GIVE_UP_SHARDS,
+                &surplus,
                 "",
-                |q| q.bind::<Text, _>(relay).bind::<BigInt, _>(lease),
+                |q| q.bind::<Text, _>(relay),
                 |q, s| q.bind::<SmallInt, _>(*s),
             )
             .execute(conn)
             .await?;
-            owned.extend(free);
-            owned.sort_unstable();
         }
+        Share::Take(want) => {
+            let free: Vec<i16> = diesel::sql_query(FREE_SHARDS)
+                .bind::<BigInt, _>(want)
+                .load::<ShardRow>(conn)
+                .await?
+                .into_iter()
+                .map(|r| r.shard)
+                .collect();
+            if !free.is_empty() {
+                in_list(
+                    TAKE_SHARDS,
+                    &free,
+                    "",
+                    |q| q.bind::<Text, _>(relay).bind::<BigInt, _>(lease),
+                    |q, s| q.bind::<SmallInt, _>(*s),
+                )
+                .execute(conn)
+                .await?;
+                owned.extend(free);
+                owned.sort_unstable();
+            }
+        }
+        Share::Keep => {}
     }
-    Ok(ShardAssignment {
-        owned,
-        live_relays: usize::try_from(live).unwrap_or(1),
-    })
+    Ok(assignment(owned, live))
 }

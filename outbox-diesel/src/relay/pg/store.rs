@@ -6,14 +6,15 @@ use std::time::Duration;
 use diesel::sql_types::{Array, BigInt, Bool, Double, SmallInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_core::relay::{
-    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayStore,
-    ShardAssignment, StoreError,
+    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
 };
 
 use super::sql::*;
 use super::{PgRelayStore, Row};
+use crate::relay::base::session_methods;
 use crate::relay::common::{
-    CountRow, HolderRow, ShardRow, fair_share, secs, settle_malformed, split_malformed,
+    CountRow, HolderRow, ShardRow, Share, assignment, secs, settle_malformed, share,
+    split_malformed,
 };
 
 impl RelayStore for PgRelayStore {
@@ -136,7 +137,6 @@ impl RelayStore for PgRelayStore {
                 .get_result::<CountRow>(conn)
                 .await?
                 .n;
-            let fair = fair_share(live);
             let mut owned: Vec<i16> = diesel::sql_query(RENEW_SHARDS)
                 .bind::<Text, _>(relay)
                 .bind::<Double, _>(secs(lease))
@@ -146,29 +146,27 @@ impl RelayStore for PgRelayStore {
                 .map(|r| r.shard)
                 .collect();
             owned.sort_unstable();
-            let fair_usize = usize::try_from(fair).unwrap_or(usize::MAX);
-            if owned.len() > fair_usize {
-                let surplus = owned.split_off(fair_usize);
-                diesel::sql_query(GIVE_UP_SHARDS)
-                    .bind::<Text, _>(relay)
-                    .bind::<Array<SmallInt>, _>(&surplus)
-                    .execute(conn)
-                    .await?;
-            } else if owned.len() < fair_usize {
-                let want = fair - owned.len() as i64;
-                let taken = diesel::sql_query(TAKE_SHARDS)
-                    .bind::<Text, _>(relay)
-                    .bind::<Double, _>(secs(lease))
-                    .bind::<BigInt, _>(want)
-                    .load::<ShardRow>(conn)
-                    .await?;
-                owned.extend(taken.into_iter().map(|r| r.shard));
-                owned.sort_unstable();
+            match share(&mut owned, live) {
+                Share::GiveUp(surplus) => {
+                    diesel::sql_query(GIVE_UP_SHARDS)
+                        .bind::<Text, _>(relay)
+                        .bind::<Array<SmallInt>, _>(&surplus)
+                        .execute(conn)
+                        .await?;
+                }
+                Share::Take(want) => {
+                    let taken = diesel::sql_query(TAKE_SHARDS)
+                        .bind::<Text, _>(relay)
+                        .bind::<Double, _>(secs(lease))
+                        .bind::<BigInt, _>(want)
+                        .load::<ShardRow>(conn)
+                        .await?;
+                    owned.extend(taken.into_iter().map(|r| r.shard));
+                    owned.sort_unstable();
+                }
+                Share::Keep => {}
             }
-            Ok(ShardAssignment {
-                owned,
-                live_relays: usize::try_from(live).unwrap_or(1),
-            })
+            Ok(assignment(owned, live))
         }
         .await;
         self.base.check("rebalance shards", r)
@@ -198,18 +196,7 @@ impl RelayStore for PgRelayStore {
         self.base.check("release leases", r)
     }
 
-    async fn heartbeat(
-        &mut self,
-        relay: &str,
-        lease: Duration,
-        health: &RelayHealth,
-    ) -> Result<(), StoreError> {
-        self.base.heartbeat(relay, lease, health).await
-    }
-
-    async fn reap_dead_relays(&mut self, relay: &str) -> Result<Vec<String>, StoreError> {
-        self.base.reap(relay).await
-    }
+    session_methods!();
 
     async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         let conn = self.base.conn().await?;

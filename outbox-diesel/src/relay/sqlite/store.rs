@@ -17,8 +17,8 @@ use super::sql::*;
 use super::{SqliteRelayStore, after, before};
 use crate::backend::sqlite_timestamp;
 use crate::relay::common::{
-    CountRow, HolderRow, Malformed, ShardRow, TextIdRow, fair_share, mode_name, seq_lists,
-    settle_malformed, split_malformed,
+    CountRow, HolderRow, Malformed, ShardRow, Share, TextIdRow, assignment, mode_name, seq_lists,
+    settle_malformed, share, split_malformed,
 };
 
 /// Runs `prefix(?, …)` over `seqs`, [`seq_lists`] statements, `bind` binding the prefix's
@@ -87,7 +87,6 @@ fn rebalance_in(
         .bind::<Text, _>(&at)
         .get_result::<CountRow>(conn)?
         .n;
-    let fair = fair_share(live);
     let mut owned: Vec<i16> = diesel::sql_query(RENEW_SHARDS)
         .bind::<Text, _>(relay)
         .bind::<Text, _>(&until)
@@ -96,29 +95,24 @@ fn rebalance_in(
         .map(|r| r.shard)
         .collect();
     owned.sort_unstable();
-    let fair_usize = usize::try_from(fair).unwrap_or(usize::MAX);
-    if owned.len() > fair_usize {
-        let surplus: Vec<i64> = owned
-            .split_off(fair_usize)
-            .into_iter()
-            .map(i64::from)
-            .collect();
-        for_each_chunk(conn, GIVE_UP_SHARDS, &surplus, |q| q.bind::<Text, _>(relay))?;
-    } else if owned.len() < fair_usize {
-        let want = fair - owned.len() as i64;
-        let taken = diesel::sql_query(TAKE_SHARDS)
-            .bind::<Text, _>(relay)
-            .bind::<Text, _>(&until)
-            .bind::<Text, _>(&at)
-            .bind::<BigInt, _>(want)
-            .load::<ShardRow>(conn)?;
-        owned.extend(taken.into_iter().map(|r| r.shard));
-        owned.sort_unstable();
+    match share(&mut owned, live) {
+        Share::GiveUp(surplus) => {
+            let surplus: Vec<i64> = surplus.into_iter().map(i64::from).collect();
+            for_each_chunk(conn, GIVE_UP_SHARDS, &surplus, |q| q.bind::<Text, _>(relay))?;
+        }
+        Share::Take(want) => {
+            let taken = diesel::sql_query(TAKE_SHARDS)
+                .bind::<Text, _>(relay)
+                .bind::<Text, _>(&until)
+                .bind::<Text, _>(&at)
+                .bind::<BigInt, _>(want)
+                .load::<ShardRow>(conn)?;
+            owned.extend(taken.into_iter().map(|r| r.shard));
+            owned.sort_unstable();
+        }
+        Share::Keep => {}
     }
-    Ok(ShardAssignment {
-        owned,
-        live_relays: usize::try_from(live).unwrap_or(1),
-    })
+    Ok(assignment(owned, live))
 }
 
 impl RelayStore for SqliteRelayStore {
