@@ -181,12 +181,37 @@ impl<T> Default for Slot<T> {
 
 impl<T> Slot<T> {
     fn set(&mut self, cx: &Ctxt, path: &Path, key: Key, value: Option<T>) {
+        if self.mark(cx, path, &format!("outbox attribute `{}`", key.name())) {
+            self.value = value;
+        }
+    }
+
+    /// Reads the key's value with `read` and keeps it. A key written before is reported as
+    /// `duplicate {what}` first; its value is still read (so that its own mistakes are
+    /// reported) and dropped.
+    pub(crate) fn read(
+        &mut self,
+        cx: &Ctxt,
+        path: &Path,
+        what: &str,
+        read: impl FnOnce() -> syn::Result<Option<T>>,
+    ) -> syn::Result<()> {
+        let first = self.mark(cx, path, what);
+        let value = read()?;
+        if first {
+            self.value = value;
+        }
+        Ok(())
+    }
+
+    /// Marks the key as written; whether it is the first time (if not, reports it).
+    fn mark(&mut self, cx: &Ctxt, path: &Path, what: &str) -> bool {
         if self.seen {
-            cx.error_spanned_by(path, format!("duplicate outbox attribute `{}`", key.name()));
-            return;
+            cx.error_spanned_by(path, format!("duplicate {what}"));
+            return false;
         }
         self.seen = true;
-        self.value = value;
+        true
     }
 
     /// Whether the key was written, valid or not.

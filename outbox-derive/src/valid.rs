@@ -59,6 +59,29 @@ pub(crate) fn event_type(value: &str) -> Result<(), String> {
     })
 }
 
+/// The longest consumer name the inbox stores (a `VARCHAR(255)` on MySQL).
+pub(crate) const MAX_CONSUMER_CHARS: usize = 255;
+
+/// A consumer name (`#[idempotent(consumer = "...")]`): what the inbox stores each applied
+/// message under, so not empty, padded or holding control characters, and short enough for
+/// its column.
+pub(crate) fn consumer(value: &str) -> Result<(), String> {
+    Err(if value.is_empty() {
+        "`consumer` must not be empty".to_owned()
+    } else if value.trim() != value {
+        "`consumer` must not start or end with whitespace".to_owned()
+    } else if value.chars().any(char::is_control) {
+        "`consumer` must not contain control characters".to_owned()
+    } else if value.chars().count() > MAX_CONSUMER_CHARS {
+        format!(
+            "`consumer` is {} characters long, the inbox stores at most {MAX_CONSUMER_CHARS}",
+            value.chars().count()
+        )
+    } else {
+        return Ok(());
+    })
+}
+
 /// A version from the digits of an integer literal: from 1 to [`MAX_VERSION`].
 pub(crate) fn version(digits: &str) -> Result<u32, String> {
     // Digits that do not fit a u64 are certainly too large.

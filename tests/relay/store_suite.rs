@@ -1,4 +1,10 @@
-//! The store contract, once, for every backend.
+//! The store contract, once, for every backend: the SQL stores and the memory store.
+//!
+//! A few points of the contract are SQL-only, and run on the SQL stores alone (see
+//! [`store_suite!`](crate::store_suite)): rows of a shape the relay cannot publish written by
+//! other programs (the memory store holds typed messages, none can be malformed), a database
+//! whose migrations have not run, and statements blocked by another connection's locks (the
+//! memory store takes no locks that outlive a call).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -7,7 +13,7 @@ use std::time::Duration;
 
 use outbox::relay::*;
 
-use crate::backends::Backend;
+use crate::backends::{Backend, Contract, What};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -37,7 +43,7 @@ fn seqs(m: &[OutboxMessage]) -> Vec<i64> {
     m.iter().map(|m| m.seq).collect()
 }
 
-pub async fn claim_leases_and_fences<B: Backend>() {
+pub async fn claim_leases_and_fences<B: Contract>() {
     let db = B::database("claim");
     B::fill(&db, 10, 1);
     let (mut a, mut b) = (B::store(&db), B::store(&db));
@@ -93,21 +99,11 @@ pub async fn claim_leases_and_fences<B: Backend>() {
             .unwrap(),
         6
     );
-    assert_eq!(
-        B::count(&db, "SELECT COUNT(*) AS n FROM outbox_events"),
-        4,
-        "deleted on completion"
-    );
-    assert_eq!(
-        B::count(
-            &db,
-            "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NOT NULL AND locked_by IS NULL"
-        ),
-        4
-    );
+    assert_eq!(B::count_of(&db, What::Rows), 4, "deleted on completion");
+    assert_eq!(B::count_of(&db, What::PublishedUnleased), 4);
 }
 
-pub async fn ordered_claims_block_per_aggregate<B: Backend>() {
+pub async fn ordered_claims_block_per_aggregate<B: Contract>() {
     let db = B::database("ordered");
     B::fill(&db, 2, 3); // a0 b0 a1 b1 a2 b2 (aggregates "0" and "1")
     let mut s = B::store(&db);
@@ -178,16 +174,10 @@ pub async fn ordered_claims_block_per_aggregate<B: Backend>() {
         .await
         .unwrap();
     assert_eq!(seqs(&skipped), vec![retry[1].seq, retry[2].seq]);
-    assert_eq!(
-        B::count(
-            &db,
-            "SELECT COUNT(*) AS n FROM outbox_events WHERE dead_at IS NOT NULL AND last_error = 'too large'"
-        ),
-        1
-    );
+    assert_eq!(B::count_of(&db, What::DeadWithError("too large")), 1);
 }
 
-pub async fn leadership_is_exclusive_and_expires<B: Backend>() {
+pub async fn leadership_is_exclusive_and_expires<B: Contract>() {
     let db = B::database("leader");
     B::fill(&db, 3, 1);
     let (mut a, mut b) = (B::store(&db), B::store(&db));
@@ -232,7 +222,7 @@ pub async fn leadership_is_exclusive_and_expires<B: Backend>() {
     );
 }
 
-pub async fn shards_rebalance<B: Backend>() {
+pub async fn shards_rebalance<B: Contract>() {
     let db = B::database("shards");
     B::fill(&db, 64, 1);
     let (mut a, mut b) = (B::store(&db), B::store(&db));
@@ -265,13 +255,7 @@ pub async fn shards_rebalance<B: Backend>() {
     );
     assert!(a_claim.iter().all(|m| !b_shards.contains(&m.shard)));
     a.release_all("a").await.unwrap();
-    assert_eq!(
-        B::count(
-            &db,
-            "SELECT COUNT(*) AS n FROM outbox_events WHERE locked_by = 'a'"
-        ),
-        0
-    );
+    assert_eq!(B::count_of(&db, What::LeasedTo("a")), 0);
     assert_eq!(
         b.rebalance_shards("b", LEASE).await.unwrap().owned.len(),
         256,
@@ -279,7 +263,7 @@ pub async fn shards_rebalance<B: Backend>() {
     );
 }
 
-pub async fn cleanup_in_bounded_batches<B: Backend>() {
+pub async fn cleanup_in_bounded_batches<B: Contract>() {
     let db = B::database("cleanup");
     B::fill(&db, 30, 1);
     let mut s = B::store(&db);
@@ -302,7 +286,7 @@ pub async fn cleanup_in_bounded_batches<B: Backend>() {
         }
     }
     assert_eq!(rounds, [12, 12, 6, 0]);
-    assert_eq!(B::count(&db, "SELECT COUNT(*) AS n FROM outbox_events"), 0);
+    assert_eq!(B::count_of(&db, What::Rows), 0);
 }
 
 fn fast(mode: Mode) -> RelayConfig {
@@ -325,7 +309,7 @@ fn fast(mode: Mode) -> RelayConfig {
 
 /// Relays drain a real outbox through the in-memory broker: unordered exactly once without
 /// crashes; sharded and leader in per-aggregate order despite injected failures.
-pub async fn relays_drain<B: Backend>(mode: Mode, relays: usize, fail_one_in: u64) {
+pub async fn relays_drain<B: Contract>(mode: Mode, relays: usize, fail_one_in: u64) {
     let db = B::database("drain");
     let (aggregates, per) = (40, 25);
     B::fill(&db, aggregates, per);
@@ -353,8 +337,8 @@ pub async fn relays_drain<B: Backend>(mode: Mode, relays: usize, fail_one_in: u6
         })));
     }
     let start = std::time::Instant::now();
-    let pending = "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NULL";
-    while B::count(&db, pending) > 0 && start.elapsed() < Duration::from_secs(120) {
+    let pending = What::Unpublished;
+    while B::count_of(&db, pending) > 0 && start.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let elapsed = start.elapsed();
@@ -362,7 +346,7 @@ pub async fn relays_drain<B: Backend>(mode: Mode, relays: usize, fail_one_in: u6
     for h in handles {
         h.await.unwrap();
     }
-    assert_eq!(B::count(&db, pending), 0, "{mode:?}: drained");
+    assert_eq!(B::count_of(&db, pending), 0, "{mode:?}: drained");
     let records = broker.all_records();
     let ids: HashSet<_> = records.iter().map(|r| r.id).collect();
     assert_eq!(ids.len(), total, "{mode:?}: every event delivered");
@@ -400,7 +384,7 @@ fn health(mode: Mode, state: RelayState, track_session: bool) -> RelayHealth {
 /// Heartbeats record health; a relay whose session ended is reaped (its shards, leadership
 /// and row leases freed at once) on backends that see sessions, and never one that tracks no
 /// session or is still connected.
-pub async fn heartbeat_and_reap<B: Backend>() {
+pub async fn heartbeat_and_reap<B: Contract>() {
     let db = B::database("reap");
     B::fill(&db, 8, 1);
     let (mut a, mut b, mut c) = (B::store(&db), B::store(&db), B::store(&db));
@@ -431,11 +415,14 @@ pub async fn heartbeat_and_reap<B: Backend>() {
     .await
     .unwrap();
     assert_eq!(
-        B::count(
+        B::count_of(
             &db,
-            "SELECT COUNT(*) AS n FROM outbox_relays WHERE relay_id = 'a' \
-             AND state = 'waiting_for_broker' AND last_error = 'all brokers down' \
-             AND mode = 'sharded' AND state_since IS NOT NULL"
+            What::Health {
+                relay: "a",
+                mode: "sharded",
+                state: "waiting_for_broker",
+                last_error: "all brokers down",
+            }
         ),
         1
     );
@@ -455,14 +442,14 @@ pub async fn heartbeat_and_reap<B: Backend>() {
         256
     );
     assert!(c.acquire_leadership("c", LEASE).await.unwrap());
-    assert_eq!(B::count(&db, "SELECT COUNT(*) AS n FROM outbox_relays"), 3);
+    assert_eq!(B::count_of(&db, What::Relays), 3);
 
     // Nobody is dead yet (after the grace a fresh connection waits).
     tokio::time::sleep(Duration::from_secs(4).saturating_sub(started.elapsed())).await;
     assert_eq!(b.reap_dead_relays("b").await.unwrap(), Vec::<String>::new());
 
-    drop(a); // its connection closes, as when its process is killed
-    drop(c); // so does c's, but c tracks no session: the lease is its rule
+    B::end_session(a, "a"); // its connection closes, as when its process is killed
+    B::end_session(c, "c"); // so does c's, but c tracks no session: the lease is its rule
     let mut reaped = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while B::SESSIONS && reaped.is_empty() && std::time::Instant::now() < deadline {
@@ -479,7 +466,7 @@ pub async fn heartbeat_and_reap<B: Backend>() {
         Vec::<String>::new(),
         "reaped once"
     );
-    assert_eq!(B::count(&db, "SELECT COUNT(*) AS n FROM outbox_relays"), 2);
+    assert_eq!(B::count_of(&db, What::Relays), 2);
     assert!(
         !b.acquire_leadership("b", LEASE).await.unwrap(),
         "c's lease holds"
@@ -505,7 +492,7 @@ pub async fn heartbeat_and_reap<B: Backend>() {
 /// naming the id, the other session and the fix, and its claims, rebalances and leadership
 /// are refused and its `release_all` leaves the first's leases alone, until the first's
 /// session ends; then the second takes the id within about a heartbeat.
-pub async fn relay_id_in_use_is_refused<B: Backend>() {
+pub async fn relay_id_in_use_is_refused<B: Contract>() {
     if !B::SESSIONS {
         return; // SQLite: one relay by design, no sessions to compare
     }
@@ -534,8 +521,7 @@ pub async fn relay_id_in_use_is_refused<B: Backend>() {
         assert!(message.contains(part), "{part} in: {message}");
     }
     assert!(
-        conflict.holder.contains("PostgreSQL backend pid ")
-            || conflict.holder.contains("MySQL connection id "),
+        conflict.holder.contains(B::HOLDER),
         "names the other session: {message}"
     );
     let refused = [
@@ -571,30 +557,12 @@ pub async fn relay_id_in_use_is_refused<B: Backend>() {
         4
     );
     second.release_all("same").await.unwrap();
-    assert_eq!(
-        B::count(
-            &db,
-            "SELECT COUNT(*) AS n FROM outbox_events WHERE locked_by = 'same'"
-        ),
-        4
-    );
-    assert_eq!(
-        B::count(
-            &db,
-            "SELECT COUNT(*) AS n FROM outbox_shard_leases WHERE owner = 'same'"
-        ),
-        256
-    );
-    assert_eq!(
-        B::count(
-            &db,
-            "SELECT COUNT(*) AS n FROM outbox_relays WHERE relay_id = 'same'"
-        ),
-        1
-    );
+    assert_eq!(B::count_of(&db, What::LeasedTo("same")), 4);
+    assert_eq!(B::count_of(&db, What::ShardsOf("same")), 256);
+    assert_eq!(B::count_of(&db, What::Relay("same")), 1);
 
     // The first's connection closes (its process ended): the id is free within a heartbeat.
-    drop(first);
+    B::end_session(first, "same");
     let gone = std::time::Instant::now();
     loop {
         match second.heartbeat("same", LEASE, &beat).await {
@@ -742,9 +710,93 @@ pub async fn missing_tables_are_named<B: Backend>() {
     );
 }
 
-/// Instantiates the suite for one backend.
+/// A relay built as a library with a short lease keeps its store's statements within a
+/// third of the lease, the renewal interval, without anyone configuring the store: a claim
+/// that waits for a lock held longer than that fails (and the relay retries it) instead of
+/// waiting the store's default (10 s; SQLite 5 s) and acting on a lease that ran out
+/// meanwhile. What bounds the wait is the backend's own: PostgreSQL's `statement_timeout`,
+/// MariaDB's `max_statement_time` and `innodb_lock_wait_timeout`, SQLite's `busy_timeout`.
+pub async fn short_lease_bounds_blocked_claims<B: Backend>() {
+    let db = B::database("timeout");
+    B::fill(&db, 3, 1);
+    let lease = Duration::from_millis(1500);
+    let hold = Duration::from_secs(4);
+    let leader = ClaimOrder::Ordered {
+        owned_shards_only: false,
+        leader_only: true,
+        dead_letters_block: true,
+    };
+
+    // The store, as a relay drives it: the lease its calls carry bounds the wait.
+    let mut store = B::store(&db);
+    assert!(store.acquire_leadership("s", lease).await.unwrap());
+    let blocker = B::hold_lock(&db, hold);
+    let started = std::time::Instant::now();
+    let claim = Claim {
+        relay: "s",
+        limit: 10,
+        lease,
+        order: leader,
+    };
+    let err = store
+        .claim(&claim)
+        .await
+        .expect_err("blocked past a third of the lease");
+    let waited = started.elapsed();
+    eprintln!("blocked claim failed after {waited:?}: {err}");
+    assert!(
+        waited < lease,
+        "waited {waited:?}, longer than the lease: {err}"
+    );
+    blocker.join().unwrap();
+    store.release_all("s").await.unwrap();
+
+    // A relay: its blocked claims fail within the lease, and it drains once the lock goes.
+    let broker = Arc::new(MemoryBroker::new());
+    let config = RelayConfig {
+        mode: Mode::Leader,
+        lease,
+        publish_timeout: Duration::from_millis(500),
+        poll_interval: Duration::from_millis(20),
+        ..RelayConfig::default()
+    };
+    let blocker = B::hold_lock(&db, hold);
+    let started = std::time::Instant::now();
+    let relay = Relay::new(B::store(&db), broker.clone(), config).unwrap();
+    let stats = relay.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+    while stats.store_errors.load(Ordering::Relaxed) == 0 && started.elapsed() < hold {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let failed_after = started.elapsed();
+    assert!(
+        failed_after < lease,
+        "the relay's first blocked claim failed after {failed_after:?} (lease {lease:?})"
+    );
+    assert!(
+        broker.all_records().is_empty(),
+        "nothing published while blocked"
+    );
+    blocker.join().unwrap();
+    while broker.all_records().len() < 3 && started.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    assert_eq!(
+        broker.all_records().len(),
+        3,
+        "drained once the lock was released"
+    );
+}
+
+/// Instantiates the contract for one backend (the memory store; the SQL stores get it with
+/// [`store_suite!`]).
 #[macro_export]
-macro_rules! store_suite {
+macro_rules! contract_suite {
     ($backend:ty) => {
         use outbox::relay::Mode;
         use $crate::store_suite as s;
@@ -773,14 +825,6 @@ macro_rules! store_suite {
             s::relay_id_in_use_is_refused::<$backend>().await;
         }
         #[tokio::test]
-        async fn malformed_rows_are_dead_lettered() {
-            s::malformed_rows_are_dead_lettered::<$backend>().await;
-        }
-        #[tokio::test]
-        async fn missing_tables_are_named() {
-            s::missing_tables_are_named::<$backend>().await;
-        }
-        #[tokio::test]
         async fn cleanup_in_bounded_batches() {
             s::cleanup_in_bounded_batches::<$backend>().await;
         }
@@ -795,6 +839,26 @@ macro_rules! store_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn leader_relays_drain_in_order_despite_failures() {
             s::relays_drain::<$backend>(Mode::Leader, 3, 20).await;
+        }
+    };
+}
+
+/// Instantiates the suite for one SQL backend: the contract, and its SQL-only points.
+#[macro_export]
+macro_rules! store_suite {
+    ($backend:ty) => {
+        $crate::contract_suite!($backend);
+        #[tokio::test]
+        async fn malformed_rows_are_dead_lettered() {
+            s::malformed_rows_are_dead_lettered::<$backend>().await;
+        }
+        #[tokio::test]
+        async fn missing_tables_are_named() {
+            s::missing_tables_are_named::<$backend>().await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn short_lease_bounds_blocked_claims() {
+            s::short_lease_bounds_blocked_claims::<$backend>().await;
         }
     };
 }

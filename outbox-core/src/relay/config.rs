@@ -162,7 +162,7 @@ impl Default for RelayConfig {
 
 /// The longest lease, publish timeout and backoff delay: one day. Longer leases gain nothing
 /// (a dead relay's work would wait that long) and would approach the limits of the stores:
-/// PostgreSQL's `statement_timeout` (a third of the lease on the CLI) takes at most
+/// PostgreSQL's `statement_timeout` (which the store keeps at a third of the lease) takes at most
 /// `i32::MAX` ms (about 24.8 days), and `now() + lease` must stay a valid time everywhere.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 

@@ -29,7 +29,7 @@ pub use headers::message_headers;
 #[cfg(feature = "kafka")]
 pub(crate) use headers::wire_headers;
 pub use health::{RelayHealth, RelayState};
-pub use memory::{MemoryBroker, MemoryStore, Record, test_message};
+pub use memory::{MemoryBroker, MemoryRow, MemoryStore, Record, test_message};
 pub use metrics::{METRICS, describe_metrics};
 pub use publisher::{Delivery, OutboxMessage, Publisher};
 pub use stats::RelayStats;

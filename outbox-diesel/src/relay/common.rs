@@ -1,5 +1,9 @@
 //! Pieces shared by the relay stores.
 
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+use diesel::QueryableByName;
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
 use outbox_core::Headers;
 use outbox_core::relay::{Failure, OutboxMessage, StoreError};
 
@@ -257,6 +261,49 @@ pub(crate) fn placeholders(n: usize) -> String {
     s
 }
 
+/// `prefix` + `?, …` for `values` + `)` + `suffix`, with `bind` applied to the prefix's own
+/// binds and then every value bound in order by `bind_value`. No value is ever written into
+/// the SQL.
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+pub(crate) fn in_list<'a, DB, T, B, V>(
+    prefix: &str,
+    values: &'a [T],
+    suffix: &str,
+    bind: B,
+    bind_value: V,
+) -> BoxedSqlQuery<'a, DB, SqlQuery>
+where
+    DB: diesel::backend::Backend,
+    B: FnOnce(BoxedSqlQuery<'a, DB, SqlQuery>) -> BoxedSqlQuery<'a, DB, SqlQuery>,
+    V: Fn(BoxedSqlQuery<'a, DB, SqlQuery>, &'a T) -> BoxedSqlQuery<'a, DB, SqlQuery>,
+{
+    let sql = format!("{prefix}{}){suffix}", placeholders(values.len()));
+    values
+        .iter()
+        .fold(bind(diesel::sql_query(sql).into_boxed()), bind_value)
+}
+
+/// One `prefix(?, …)suffix` statement per [`IN_LIST_MAX`] of `seqs`, `bind` binding the
+/// prefix's own parameters before the `seq`s.
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+pub(crate) fn seq_lists<'a, DB, B>(
+    prefix: &'a str,
+    suffix: &'a str,
+    seqs: &'a [i64],
+    bind: B,
+) -> impl Iterator<Item = BoxedSqlQuery<'a, DB, SqlQuery>> + 'a
+where
+    DB: diesel::backend::Backend + diesel::sql_types::HasSqlType<diesel::sql_types::BigInt>,
+    i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, DB>,
+    B: Fn(BoxedSqlQuery<'a, DB, SqlQuery>) -> BoxedSqlQuery<'a, DB, SqlQuery> + 'a,
+{
+    seqs.chunks(IN_LIST_MAX).map(move |chunk| {
+        in_list(prefix, chunk, suffix, &bind, |q, seq| {
+            q.bind::<diesel::sql_types::BigInt, _>(*seq)
+        })
+    })
+}
+
 /// An event id stored as text (MySQL, SQLite). A malformed one makes the row malformed,
 /// never a silently invented id.
 #[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
@@ -265,10 +312,41 @@ pub(crate) fn parse_id(seq: i64, id: &str) -> Result<uuid::Uuid, Failure> {
 }
 
 /// `ceil(SHARD_COUNT / live)`: each relay's fair share of shards.
-pub(crate) fn fair_share(live: i64) -> i64 {
+fn fair_share(live: i64) -> i64 {
     let shards = i64::from(outbox_core::SHARD_COUNT);
     let live = live.max(1);
     (shards + live - 1) / live
+}
+
+/// What a rebalance does with the shards a relay holds when `live` sharded relays share them.
+pub(crate) enum Share {
+    /// Give these up: the highest ones, beyond its fair share.
+    GiveUp(Vec<i16>),
+    /// Take up to this many free shards.
+    Take(i64),
+    /// Keep what it holds.
+    Keep,
+}
+
+/// The [`Share`] of a relay holding `owned` (sorted); a surplus is taken off `owned`.
+pub(crate) fn share(owned: &mut Vec<i16>, live: i64) -> Share {
+    let fair = fair_share(live);
+    let fair_usize = usize::try_from(fair).unwrap_or(usize::MAX);
+    if owned.len() > fair_usize {
+        Share::GiveUp(owned.split_off(fair_usize))
+    } else if owned.len() < fair_usize {
+        Share::Take(fair - owned.len() as i64)
+    } else {
+        Share::Keep
+    }
+}
+
+/// What a rebalance returns: the shards held (sorted) and how many relays share them.
+pub(crate) fn assignment(owned: Vec<i16>, live: i64) -> outbox_core::relay::ShardAssignment {
+    outbox_core::relay::ShardAssignment {
+        owned,
+        live_relays: usize::try_from(live).unwrap_or(1),
+    }
 }
 
 /// The columns of a claimed row that every backend reads the same way; each store's row
@@ -336,6 +414,28 @@ impl ClaimedColumns {
             created_at,
             attempts: self.attempts,
         })
+    }
+}
+
+/// A claimed row where the id is stored as text and the creation time as naive UTC
+/// (MySQL's `DATETIME(6)`, SQLite's `YYYY-MM-DD HH:MM:SS.ffffff` text).
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+#[derive(QueryableByName)]
+pub(crate) struct TextIdRow {
+    #[diesel(embed)]
+    columns: ClaimedColumns,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    id: String,
+    #[diesel(sql_type = diesel::sql_types::Timestamp)]
+    created_at: chrono::NaiveDateTime,
+}
+
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+impl TextIdRow {
+    /// The message, or the row's [`malformed`] failure (an invalid id among them).
+    pub(crate) fn into_message(self) -> Result<OutboxMessage, Malformed> {
+        let id = parse_id(self.columns.seq, &self.id);
+        self.columns.into_message(id, self.created_at.and_utc())
     }
 }
 

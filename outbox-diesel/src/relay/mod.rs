@@ -12,15 +12,12 @@
 
 #[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
 pub mod admin;
+mod base;
 mod common;
 #[cfg(feature = "mysql_backend")]
 mod mysql;
-#[cfg(feature = "mysql_backend")]
-mod mysql_sessions;
 #[cfg(feature = "postgres_backend")]
 mod pg;
-#[cfg(feature = "postgres_backend")]
-mod pg_sessions;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -40,10 +37,10 @@ pub use sqlite::SqliteRelayStore;
 #[doc(hidden)]
 pub mod __sql {
     #[cfg(feature = "postgres_backend")]
-    pub use super::pg::{
+    pub use super::pg::sessions::REAP as PG_REAP;
+    #[cfg(feature = "postgres_backend")]
+    pub use super::pg::sql::{
         CLAIM_ORDERED as PG_CLAIM_ORDERED, CLAIM_UNORDERED as PG_CLAIM_UNORDERED,
         SESSION_SQL as PG_SESSION_SQL,
     };
-    #[cfg(feature = "postgres_backend")]
-    pub use super::pg_sessions::REAP as PG_REAP;
 }

@@ -2,7 +2,7 @@
 //!
 //! Every number the relay is given becomes a duration, an interval in SQL or a librdkafka
 //! setting somewhere; each has a range in which all of those stay valid (for example
-//! PostgreSQL's `statement_timeout`, set to a third of the lease, takes at most `i32::MAX` ms,
+//! PostgreSQL's `statement_timeout`, which the store sets to a third of the lease, takes at most `i32::MAX` ms,
 //! and `now() - retention` must stay a valid timestamp on MySQL). A value outside its range is
 //! refused with one line that names the flag, its environment variable, the range and the
 //! value, rather than wrapped, clamped or left to fail later.

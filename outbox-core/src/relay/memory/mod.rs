@@ -11,7 +11,7 @@ use super::{Delivery, OutboxMessage, Publisher, message_headers};
 use crate::{Headers, NewMessage};
 
 mod store;
-pub use store::MemoryStore;
+pub use store::{MemoryRow, MemoryStore};
 
 /// A message as the in-memory broker stored it.
 #[derive(Debug, Clone, PartialEq)]

@@ -10,7 +10,8 @@ use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
 use diesel::sql_types::{Array, BigInt, Double, Nullable, Text, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use super::backend::{AdminConnection, Sealed};
+use super::backend::server::{clock, stamp};
+use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
 use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
     Status, db,
@@ -51,13 +52,6 @@ const COUNTS: &str = concat!(
          AS oldest_pending_age \
      FROM outbox_events"
 );
-/// Aggregates whose dead letter holds back a later pending event (index
-/// `outbox_events_dead_aggregate`, then `outbox_events_pending_aggregate`).
-const BLOCKED: &str = "SELECT COUNT(*) AS n FROM (SELECT DISTINCT d.aggregate_type, d.aggregate_id \
-     FROM outbox_events d WHERE d.dead_at IS NOT NULL AND d.published_at IS NULL \
-     AND EXISTS (SELECT 1 FROM outbox_events p WHERE p.aggregate_type = d.aggregate_type \
-         AND p.aggregate_id = d.aggregate_id AND p.seq > d.seq \
-         AND p.published_at IS NULL AND p.dead_at IS NULL)) b";
 const RELAYS: &str = concat!(
     "SELECT r.relay_id, r.mode, r.state, ",
     time!("r.state_since"),
@@ -79,36 +73,13 @@ const LIST_DEAD: &str = concat!(
     filter!(),
     " AND seq > $9 ORDER BY seq LIMIT $10"
 );
-const COUNT_DEAD: &str = concat!(
-    "SELECT COUNT(*) AS n FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const COUNT_PUBLISHED: &str = concat!(
-    "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NOT NULL",
-    filter!()
-);
-const RETRY: &str = concat!(
-    "UPDATE outbox_events SET attempts = 0, dead_at = NULL, available_at = now(), \
-     locked_by = NULL, locked_until = NULL \
-     WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const PURGE: &str = concat!(
-    "DELETE FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const REPLAY_BOUND: &str = concat!(
-    "SELECT MAX(seq) AS last FROM (SELECT seq FROM outbox_events \
-     WHERE published_at IS NOT NULL",
-    filter!(),
-    " AND seq > $9 ORDER BY seq LIMIT $10) s"
-);
-const REPLAY: &str = concat!(
-    "UPDATE outbox_events SET published_at = NULL, attempts = 0, available_at = now(), \
-     locked_by = NULL, locked_until = NULL, last_error = NULL \
-     WHERE published_at IS NOT NULL",
-    filter!(),
-    " AND seq > $9 AND seq <= $10"
+
+filtered_statements!(
+    retry_now: "now()",
+    replay_now: "now()",
+    after: "$9",
+    limit: "$10",
+    last: "$10",
 );
 
 /// Binds a filter as `$1`..`$8`.
@@ -125,95 +96,11 @@ fn bind<'a>(sql: &'static str, f: &'a Filter) -> BoxedSqlQuery<'a, Pg, SqlQuery>
         .bind::<Nullable<Text>, _>(f.event_type.as_deref())
 }
 
-impl Sealed for AsyncPgConnection {}
-
-impl AdminConnection for AsyncPgConnection {
-    async fn admin_status(&mut self) -> Result<Status, AdminError> {
-        let counts: CountsRow = db(
-            "count events",
-            diesel::sql_query(COUNTS).get_result(self).await,
-        )?;
-        let blocked: NRow = db(
-            "count blocked aggregates",
-            diesel::sql_query(BLOCKED).get_result(self).await,
-        )?;
-        let relays: Vec<RelayRow> = db("list relays", diesel::sql_query(RELAYS).load(self).await)?;
-        let leader: Vec<LeaderRow> = db(
-            "read the leader",
-            diesel::sql_query(LEADER).load(self).await,
-        )?;
-        types::status(
-            counts,
-            blocked.n,
-            relays,
-            leader.into_iter().next().map(|l| l.holder),
-        )
-    }
-
-    async fn admin_dead(
-        &mut self,
-        filter: &Filter,
-        after_seq: i64,
-        limit: i64,
-    ) -> Result<Vec<DeadLetter>, AdminError> {
-        let q = bind(LIST_DEAD, filter)
-            .bind::<BigInt, _>(after_seq)
-            .bind::<BigInt, _>(limit);
-        let rows: Vec<DeadRow> = db("list dead letters", q.load(self).await)?;
-        rows.into_iter().map(DeadRow::into_dead_letter).collect()
-    }
-
-    async fn admin_count(&mut self, filter: &Filter, dead: bool) -> Result<i64, AdminError> {
-        let sql = if dead { COUNT_DEAD } else { COUNT_PUBLISHED };
-        let row: NRow = db("count events", bind(sql, filter).get_result(self).await)?;
-        Ok(row.n)
-    }
-
-    async fn admin_retry(&mut self, filter: &Filter) -> Result<u64, AdminError> {
-        db(
-            "retry dead letters",
-            bind(RETRY, filter).execute(self).await,
-        )
-        .map(|n| n as u64)
-    }
-
-    async fn admin_purge(&mut self, filter: &Filter) -> Result<u64, AdminError> {
-        db(
-            "purge dead letters",
-            bind(PURGE, filter).execute(self).await,
-        )
-        .map(|n| n as u64)
-    }
-
-    async fn admin_replay_bound(
-        &mut self,
-        filter: &Filter,
-        after: i64,
-        limit: i64,
-    ) -> Result<Option<i64>, AdminError> {
-        let q = bind(REPLAY_BOUND, filter)
-            .bind::<BigInt, _>(after)
-            .bind::<BigInt, _>(limit);
-        let row: BoundRow = db("select events to replay", q.get_result(self).await)?;
-        Ok(row.last)
-    }
-
-    async fn admin_replay(
-        &mut self,
-        filter: &Filter,
-        after: i64,
-        last: i64,
-    ) -> Result<u64, AdminError> {
-        let q = bind(REPLAY, filter)
-            .bind::<BigInt, _>(after)
-            .bind::<BigInt, _>(last);
-        db("replay events", q.execute(self).await).map(|n| n as u64)
-    }
-
-    async fn admin_cleanup(&mut self, older_than: Duration, limit: i64) -> Result<u64, AdminError> {
-        let q = diesel::sql_query(crate::relay::pg::CLEANUP)
-            .bind::<Double, _>(older_than.as_secs_f64())
-            .bind::<BigInt, _>(limit);
-        db("clean up published events", q.execute(self).await).map(|n| n as u64)
-    }
+fn cleanup(older_than: Duration, limit: i64) -> BoxedSqlQuery<'static, Pg, SqlQuery> {
+    diesel::sql_query(crate::relay::pg::CLEANUP)
+        .into_boxed()
+        .bind::<Double, _>(older_than.as_secs_f64())
+        .bind::<BigInt, _>(limit)
 }
+
+admin_connection!(AsyncPgConnection);

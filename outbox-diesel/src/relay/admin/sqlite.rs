@@ -13,7 +13,7 @@ use diesel::sqlite::Sqlite;
 use diesel_async::RunQueryDsl;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
-use super::backend::{AdminConnection, Sealed};
+use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
 use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
     Status, db,
@@ -42,11 +42,6 @@ const COUNTS: &str = "SELECT \
      (julianday(?1) - julianday(MIN(CASE WHEN published_at IS NULL AND dead_at IS NULL THEN created_at END))) \
          * 86400.0 AS oldest_pending_age \
      FROM outbox_events";
-const BLOCKED: &str = "SELECT COUNT(*) AS n FROM (SELECT DISTINCT d.aggregate_type, d.aggregate_id \
-     FROM outbox_events d WHERE d.dead_at IS NOT NULL AND d.published_at IS NULL \
-     AND EXISTS (SELECT 1 FROM outbox_events p WHERE p.aggregate_type = d.aggregate_type \
-         AND p.aggregate_id = d.aggregate_id AND p.seq > d.seq \
-         AND p.published_at IS NULL AND p.dead_at IS NULL)) b";
 /// `?1`: now. SQLite relays record no session.
 const RELAYS: &str = "SELECT r.relay_id, r.mode, r.state, r.state_since, \
      CAST(CASE WHEN r.heartbeat_until > ?1 THEN 1 ELSE 0 END AS INTEGER) AS live, \
@@ -62,45 +57,16 @@ const LIST_DEAD: &str = concat!(
     filter!(),
     " AND seq > ?9 ORDER BY seq LIMIT ?10"
 );
-const COUNT_DEAD: &str = concat!(
-    "SELECT COUNT(*) AS n FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const COUNT_PUBLISHED: &str = concat!(
-    "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NOT NULL",
-    filter!()
-);
-/// `?9`: now.
-const RETRY: &str = concat!(
-    "UPDATE outbox_events SET attempts = 0, dead_at = NULL, available_at = ?9, \
-     locked_by = NULL, locked_until = NULL \
-     WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const PURGE: &str = concat!(
-    "DELETE FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!()
-);
-const REPLAY_BOUND: &str = concat!(
-    "SELECT MAX(seq) AS last FROM (SELECT seq FROM outbox_events \
-     WHERE published_at IS NOT NULL",
-    filter!(),
-    " AND seq > ?9 ORDER BY seq LIMIT ?10) s"
-);
-/// `?11`: now.
-const REPLAY: &str = concat!(
-    "UPDATE outbox_events SET published_at = NULL, attempts = 0, available_at = ?11, \
-     locked_by = NULL, locked_until = NULL, last_error = NULL \
-     WHERE published_at IS NOT NULL",
-    filter!(),
-    " AND seq > ?9 AND seq <= ?10"
+
+filtered_statements!(
+    retry_now: "?9",
+    replay_now: "?11",
+    after: "?9",
+    limit: "?10",
+    last: "?10",
 );
 
 type Conn = SyncConnectionWrapper<SqliteConnection>;
-
-fn now() -> String {
-    sqlite_timestamp(Utc::now())
-}
 
 /// Binds a filter as `?1`..`?8`.
 fn bind(sql: &'static str, f: &Filter) -> BoxedSqlQuery<'static, Sqlite, SqlQuery> {
@@ -116,96 +82,24 @@ fn bind(sql: &'static str, f: &Filter) -> BoxedSqlQuery<'static, Sqlite, SqlQuer
         .bind::<Nullable<Text>, _>(f.event_type.clone())
 }
 
-impl Sealed for Conn {}
-
-impl AdminConnection for Conn {
-    async fn admin_status(&mut self) -> Result<Status, AdminError> {
-        let now = now();
-        let q = diesel::sql_query(COUNTS).bind::<Text, _>(now.clone());
-        let counts: CountsRow = db("count events", q.get_result(self).await)?;
-        let blocked: NRow = db(
-            "count blocked aggregates",
-            diesel::sql_query(BLOCKED).get_result(self).await,
-        )?;
-        let q = diesel::sql_query(RELAYS).bind::<Text, _>(now.clone());
-        let relays: Vec<RelayRow> = db("list relays", q.load(self).await)?;
-        let q = diesel::sql_query(LEADER).bind::<Text, _>(now);
-        let leader: Vec<LeaderRow> = db("read the leader", q.load(self).await)?;
-        types::status(
-            counts,
-            blocked.n,
-            relays,
-            leader.into_iter().next().map(|l| l.holder),
-        )
-    }
-
-    async fn admin_dead(
-        &mut self,
-        filter: &Filter,
-        after_seq: i64,
-        limit: i64,
-    ) -> Result<Vec<DeadLetter>, AdminError> {
-        let q = bind(LIST_DEAD, filter)
-            .bind::<BigInt, _>(after_seq)
-            .bind::<BigInt, _>(limit);
-        let rows: Vec<DeadRow> = db("list dead letters", q.load(self).await)?;
-        rows.into_iter().map(DeadRow::into_dead_letter).collect()
-    }
-
-    async fn admin_count(&mut self, filter: &Filter, dead: bool) -> Result<i64, AdminError> {
-        let sql = if dead { COUNT_DEAD } else { COUNT_PUBLISHED };
-        let row: NRow = db("count events", bind(sql, filter).get_result(self).await)?;
-        Ok(row.n)
-    }
-
-    async fn admin_retry(&mut self, filter: &Filter) -> Result<u64, AdminError> {
-        let q = bind(RETRY, filter).bind::<Text, _>(now());
-        db("retry dead letters", q.execute(self).await).map(|n| n as u64)
-    }
-
-    async fn admin_purge(&mut self, filter: &Filter) -> Result<u64, AdminError> {
-        db(
-            "purge dead letters",
-            bind(PURGE, filter).execute(self).await,
-        )
-        .map(|n| n as u64)
-    }
-
-    async fn admin_replay_bound(
-        &mut self,
-        filter: &Filter,
-        after: i64,
-        limit: i64,
-    ) -> Result<Option<i64>, AdminError> {
-        let q = bind(REPLAY_BOUND, filter)
-            .bind::<BigInt, _>(after)
-            .bind::<BigInt, _>(limit);
-        let row: BoundRow = db("select events to replay", q.get_result(self).await)?;
-        Ok(row.last)
-    }
-
-    async fn admin_replay(
-        &mut self,
-        filter: &Filter,
-        after: i64,
-        last: i64,
-    ) -> Result<u64, AdminError> {
-        let q = bind(REPLAY, filter)
-            .bind::<BigInt, _>(after)
-            .bind::<BigInt, _>(last)
-            .bind::<Text, _>(now());
-        db("replay events", q.execute(self).await).map(|n| n as u64)
-    }
-
-    async fn admin_cleanup(&mut self, older_than: Duration, limit: i64) -> Result<u64, AdminError> {
-        let cutoff = chrono::Duration::from_std(older_than.min(crate::relay::common::MAX_INTERVAL))
-            .unwrap_or(chrono::Duration::MAX);
-        let at = Utc::now();
-        let q = diesel::sql_query(crate::relay::sqlite::CLEANUP)
-            .bind::<Text, _>(sqlite_timestamp(
-                at.checked_sub_signed(cutoff).unwrap_or(at),
-            ))
-            .bind::<BigInt, _>(limit);
-        db("clean up published events", q.execute(self).await).map(|n| n as u64)
-    }
+/// The caller's clock, as the statements bind it.
+fn clock() -> String {
+    sqlite_timestamp(Utc::now())
 }
+
+/// Binds `now` as the statement's next parameter.
+fn stamp<'a>(
+    q: BoxedSqlQuery<'a, Sqlite, SqlQuery>,
+    now: &str,
+) -> BoxedSqlQuery<'a, Sqlite, SqlQuery> {
+    q.bind::<Text, _>(now.to_owned())
+}
+
+fn cleanup(older_than: Duration, limit: i64) -> BoxedSqlQuery<'static, Sqlite, SqlQuery> {
+    diesel::sql_query(crate::relay::sqlite::CLEANUP)
+        .into_boxed()
+        .bind::<Text, _>(crate::relay::sqlite::before(Utc::now(), older_than))
+        .bind::<BigInt, _>(limit)
+}
+
+admin_connection!(Conn);

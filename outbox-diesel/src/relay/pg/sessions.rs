@@ -32,7 +32,7 @@
 //! its row and its next rebalance takes a fair share again. So a spurious reap costs a
 //! rebalance and maybe a duplicate publish (at least once), never order or an event.
 //! After a database restart every recorded session is gone at once; a relay does not reap
-//! anyone until its own connection is [`REAP_GRACE`](super::common::REAP_GRACE) old, which
+//! anyone until its own connection is [`REAP_GRACE`](crate::relay::common::REAP_GRACE) old, which
 //! gives every live relay time to reconnect and record its new session first.
 //!
 //! **One id, one live relay.** The heartbeat takes over an existing row only if the session
@@ -54,7 +54,7 @@ use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_core::relay::{RelayHealth, RelayIdInUse};
 
-use super::common::{mode_name, secs};
+use crate::relay::common::{mode_name, secs};
 
 /// Upserts the relay's row: liveness, mode, state (and since when it holds), last outage
 /// error and, when `$6`, the session identity (else NULL: lease rule only). With `$6` an

@@ -51,7 +51,7 @@ use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl};
 use outbox_core::relay::{RelayHealth, RelayIdInUse};
 
-use super::common::{IN_LIST_MAX, micros, mode_name, placeholders};
+use crate::relay::common::{IN_LIST_MAX, micros, mode_name, placeholders};
 
 /// Holds the relay's session lock (if this connection does not already): `held` 1 or 0, the
 /// lock's name, the connection holding it and this connection's id.

@@ -1,176 +1,20 @@
-//! The in-memory [`MemoryStore`].
+//! [`RelayStore`] on the in-memory outbox, rule for rule the SQL stores' (the same contract
+//! suite runs on both: `tests/relay/store_suite.rs`).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use super::lock;
+use super::{HealthRow, MemoryStore, Row};
+use crate::SHARD_COUNT;
 use crate::relay::{
-    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayIdInUse, RelayState,
-    RelayStore, ShardAssignment, StoreError,
+    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayIdInUse, RelayStore,
+    ShardAssignment, StoreError,
 };
-use crate::{NewMessage, SHARD_COUNT};
 
-#[derive(Debug, Clone)]
-struct Row {
-    message: NewMessage,
-    attempts: i32,
-    locked_by: Option<String>,
-    locked_until: Option<Instant>,
-    available_at: Instant,
-    published: Option<Instant>,
-    dead: bool,
-    last_error: Option<String>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    rows: BTreeMap<i64, Row>,
-    next_seq: i64,
-    leader: Option<(String, Instant)>,
-    shards: HashMap<i16, (String, Instant)>,
-    relays: HashMap<String, Instant>,
-    health: HashMap<String, HealthRow>,
-    fail_next: usize,
-    /// The last clone's handle (the first store is 0).
-    handles: u64,
-}
-
-/// A relay's heartbeat row.
-#[derive(Debug, Clone)]
-struct HealthRow {
-    health: RelayHealth,
-    /// `Some((handle, alive))` when the relay tracks its session: the store handle that
-    /// heartbeats for it stands for its database session.
-    session: Option<(u64, bool)>,
-}
-
-/// An outbox in memory implementing [`RelayStore`] with the same semantics as the SQL
-/// stores (leases, fencing, head-of-line blocking per aggregate, shard and leader leases),
-/// for testing the relay's logic. Clones share the same outbox.
-///
-/// Each clone stands for one database session, as each SQL store has its own connection: a
-/// heartbeat that tracks its session is refused ([`RelayIdInUse`]) while another clone's
-/// live session holds the relay id, and the clone then refuses claims, shards and leadership,
-/// as the SQL stores do. [`end_session`](Self::end_session) ends a relay's session.
-#[derive(Debug, Default)]
-pub struct MemoryStore {
-    state: Arc<Mutex<State>>,
-    /// This clone's session.
-    handle: u64,
-    /// Set while another clone's live session holds the relay id this clone heartbeats for.
-    in_use: Option<RelayIdInUse>,
-}
-
-impl Clone for MemoryStore {
-    fn clone(&self) -> Self {
-        let mut s = lock(&self.state);
-        s.handles += 1;
-        MemoryStore {
-            state: self.state.clone(),
-            handle: s.handles,
-            in_use: None,
-        }
-    }
-}
-
-impl MemoryStore {
-    /// Adds a message; returns its `seq`.
-    pub fn insert(&self, message: NewMessage) -> i64 {
-        let mut s = lock(&self.state);
-        s.next_seq += 1;
-        let seq = s.next_seq;
-        s.rows.insert(
-            seq,
-            Row {
-                message,
-                attempts: 0,
-                locked_by: None,
-                locked_until: None,
-                available_at: Instant::now(),
-                published: None,
-                dead: false,
-                last_error: None,
-            },
-        );
-        seq
-    }
-
-    /// Whether every row is published or dead-lettered.
-    pub fn is_drained(&self) -> bool {
-        lock(&self.state)
-            .rows
-            .values()
-            .all(|r| r.published.is_some() || r.dead)
-    }
-
-    /// `(seq, last_error)` of the dead-lettered rows.
-    pub fn dead_letters(&self) -> Vec<(i64, String)> {
-        lock(&self.state)
-            .rows
-            .iter()
-            .filter(|(_, r)| r.dead)
-            .map(|(seq, r)| (*seq, r.last_error.clone().unwrap_or_default()))
-            .collect()
-    }
-
-    /// Pending rows (neither published nor dead).
-    pub fn pending(&self) -> usize {
-        lock(&self.state)
-            .rows
-            .values()
-            .filter(|r| r.published.is_none() && !r.dead)
-            .count()
-    }
-
-    /// The state and last outage error `relay` last reported with
-    /// [`heartbeat`](RelayStore::heartbeat), if it has a heartbeat row.
-    pub fn relay_health(&self, relay: &str) -> Option<(RelayState, Option<String>)> {
-        lock(&self.state)
-            .health
-            .get(relay)
-            .map(|h| (h.health.state, h.health.last_error.clone()))
-    }
-
-    /// Ends `relay`'s database session, as the database sees it when the relay's process dies
-    /// (its connection closes): [`reap_dead_relays`](RelayStore::reap_dead_relays) then
-    /// replaces it, if it tracked its session. A later heartbeat opens a new session.
-    pub fn end_session(&self, relay: &str) {
-        if let Some(h) = lock(&self.state).health.get_mut(relay)
-            && let Some((handle, _)) = h.session
-        {
-            h.session = Some((handle, false));
-        }
-    }
-
-    /// Makes the next `n` store calls fail, as if the database were unreachable.
-    pub fn fail_next_calls(&self, n: usize) {
-        lock(&self.state).fail_next = n;
-    }
-
-    /// `Err` while another clone's live session holds the relay id.
-    fn refuse(&self, operation: &'static str) -> Result<(), StoreError> {
-        match &self.in_use {
-            Some(c) => Err(StoreError::new(operation, c.clone())),
-            None => Ok(()),
-        }
-    }
-
-    fn enter(&self, operation: &'static str) -> Result<MutexGuard<'_, State>, StoreError> {
-        let mut s = lock(&self.state);
-        if s.fail_next > 0 {
-            s.fail_next -= 1;
-            return Err(StoreError::new(
-                operation,
-                "database unavailable (injected)",
-            ));
-        }
-        Ok(s)
-    }
-}
-
-fn leased_by_other(row: &Row, relay: &str, now: Instant) -> bool {
-    matches!((&row.locked_by, row.locked_until), (Some(by), Some(until)) if by != relay && until > now)
+/// Whether a live lease holds the row (anyone's: a relay does not claim its own leased rows
+/// again either).
+fn leased(row: &Row, now: Instant) -> bool {
+    row.locked_until.is_some_and(|until| until >= now)
 }
 
 fn to_message(seq: i64, row: &Row) -> OutboxMessage {
@@ -236,7 +80,7 @@ impl RelayStore for MemoryStore {
                 }
                 continue;
             }
-            let claimable = row.available_at <= now && !leased_by_other(row, relay, now);
+            let claimable = row.available_at <= now && !leased(row, now);
             if ordered {
                 if blocked.contains(&key) {
                     continue;
@@ -347,7 +191,7 @@ impl RelayStore for MemoryStore {
         let now = Instant::now();
         let free = match &s.leader {
             None => true,
-            Some((holder, until)) => holder == relay || *until <= now,
+            Some((holder, until)) => holder == relay || *until < now,
         };
         if free {
             s.leader = Some((relay.to_owned(), now + lease));
@@ -367,10 +211,12 @@ impl RelayStore for MemoryStore {
         s.relays.retain(|_, until| *until > now);
         let live = s.relays.len().max(1);
         let fair = (usize::from(SHARD_COUNT)).div_ceil(live);
+        // Every lease that names this relay is renewed, expired ones too (no other relay took
+        // them), as the SQL stores renew `WHERE owner = relay`.
         let mut owned: Vec<i16> = s
             .shards
             .iter()
-            .filter(|(_, (o, until))| o == relay && *until > now)
+            .filter(|(_, (o, _))| o == relay)
             .map(|(k, _)| *k)
             .collect();
         owned.sort_unstable();
@@ -385,7 +231,7 @@ impl RelayStore for MemoryStore {
             }
             let free = match s.shards.get(&shard) {
                 None => true,
-                Some((_, until)) => *until <= now,
+                Some((_, until)) => *until < now,
             };
             if free {
                 owned.push(shard);
@@ -436,7 +282,7 @@ impl RelayStore for MemoryStore {
                 _ => None,
             };
             if holder.is_none() {
-                if health.mode == super::super::Mode::Sharded {
+                if health.mode == crate::relay::Mode::Sharded {
                     s.relays.insert(relay.to_owned(), Instant::now() + lease);
                 }
                 s.health.insert(
@@ -486,13 +332,15 @@ impl RelayStore for MemoryStore {
     async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         let mut s = self.enter("clean up")?;
         let now = Instant::now();
-        let old: Vec<i64> = s
+        // The oldest publications first, as the SQL stores' `ORDER BY published_at`.
+        let mut old: Vec<(Instant, i64)> = s
             .rows
             .iter()
-            .filter(|(_, r)| r.published.is_some_and(|at| at + older_than <= now))
-            .map(|(k, _)| *k)
-            .take(limit)
+            .filter_map(|(seq, r)| r.published.map(|at| (at, *seq)))
+            .filter(|(at, _)| *at + older_than < now)
             .collect();
+        old.sort_unstable();
+        let old: Vec<i64> = old.into_iter().take(limit).map(|(_, seq)| seq).collect();
         for seq in &old {
             s.rows.remove(seq);
         }

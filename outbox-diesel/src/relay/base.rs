@@ -1,0 +1,276 @@
+//! What every relay store does the same way: one connection, made on first use and
+//! configured for the relay; dropped after an error, so that the next call reconnects (the
+//! error may be a lost connection, and the relay survives a database restart); and, on the
+//! backends that record relay sessions, the guard of the relay's id (a new connection
+//! repeats the last heartbeat before anything else runs on it).
+//!
+//! Each backend's [`Connector`] holds what differs: the connection type, the session's
+//! settings, and how a heartbeat records the relay's session.
+//!
+//! **The statement timeout follows the relay's lease.** The relay renews its shard and
+//! leadership leases every third of a lease, so a statement that can wait longer than that
+//! (an ordered claim waiting for a row lock) could act on a lease that ran out and passed to
+//! another relay meanwhile. Every call that carries the relay's lease (claim, leadership,
+//! rebalance, heartbeat) tells the base, and the session's timeout is kept at most a third of
+//! it ([`StatementTimeout`]), whoever built the store: the connection is configured with it
+//! when it is made, and again when the lease it derives from changes. What it sets is the
+//! backend's own: PostgreSQL's `statement_timeout`; on MariaDB `max_statement_time` and, on
+//! MySQL and MariaDB, `innodb_lock_wait_timeout` (whole seconds, at least 1, at most the 10
+//! s the store always used); on SQLite, which has no statement timeout, `busy_timeout`, the
+//! wait for the write lock (at most the 5 s the store always used).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use diesel_async::AsyncConnection;
+use outbox_core::relay::{RelayHealth, RelayIdInUse, StoreError};
+
+use super::common::{IdGuard, connect_error, store_error};
+
+/// The per-backend parts of a relay store's connection.
+pub(crate) trait Connector: Send + 'static {
+    /// The connection the store runs on.
+    type Conn: AsyncConnection + Send + 'static;
+    /// The backend's name, as connection errors give it.
+    const NAME: &'static str;
+    /// What a failed heartbeat on a new connection says it was doing.
+    const BEAT_ON_CONNECT: &'static str = "record the relay's session";
+
+    /// Configures a new session: `timeout` is the longest a statement may run.
+    fn configure(
+        &mut self,
+        conn: &mut Self::Conn,
+        timeout: Duration,
+    ) -> impl Future<Output = diesel::QueryResult<()>> + Send;
+
+    /// Whether a kept connection may run the next unit of work.
+    fn reusable(_conn: &mut Self::Conn) -> bool {
+        true
+    }
+
+    /// Writes the heartbeat row, recording the relay's session; `Some` when another live
+    /// relay holds the id (nothing written). Backends that record no sessions never call it:
+    /// their stores do not remember heartbeats in the [`IdGuard`].
+    fn heartbeat(
+        &mut self,
+        _conn: &mut Self::Conn,
+        _relay: &str,
+        _lease: Duration,
+        _health: &RelayHealth,
+    ) -> impl Future<Output = diesel::QueryResult<Option<RelayIdInUse>>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Reaps the relays whose recorded session is gone; returns their ids.
+    fn reap(
+        _conn: &mut Self::Conn,
+        _relay: &str,
+    ) -> impl Future<Output = diesel::QueryResult<Vec<String>>> + Send {
+        async { Ok(Vec::new()) }
+    }
+}
+
+/// The longest a statement of a store may run: what the store's builder set (if anything),
+/// and never more than a third of the relay's lease once a call has carried it.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct StatementTimeout {
+    /// Set on the store's builder.
+    pub explicit: Option<Duration>,
+    /// The relay's lease, as the last call that carried it gave it.
+    pub lease: Option<Duration>,
+}
+
+impl StatementTimeout {
+    /// Before the relay's lease is known and without a setting: a third of the default lease.
+    pub const DEFAULT: Duration = Duration::from_secs(10);
+
+    /// The timeout in force (at least 1 ms).
+    pub fn get(self) -> Duration {
+        let derived = self.lease.map(|lease| lease / 3);
+        let t = match (self.explicit, derived) {
+            (Some(set), Some(derived)) => set.min(derived),
+            (Some(t), None) | (None, Some(t)) => t,
+            (None, None) => Self::DEFAULT,
+        };
+        t.max(Duration::from_millis(1))
+    }
+}
+
+/// A relay store's connection, made on first use and after errors. See the [module
+/// docs](self).
+pub(crate) struct Base<C: Connector> {
+    url: String,
+    conn: Option<C::Conn>,
+    /// The per-backend state.
+    pub connector: C,
+    /// When the current connection was made (reaping waits `REAP_GRACE` after it).
+    connected_at: Option<Instant>,
+    /// The relay id this store heartbeats for, and whether another live relay holds it.
+    pub guard: IdGuard,
+    /// The longest a statement may run.
+    pub timeout: StatementTimeout,
+    /// The timeout the current connection was configured with.
+    applied: Option<Duration>,
+}
+
+impl<C: Connector> Base<C> {
+    pub fn new(url: String, connector: C) -> Self {
+        Base {
+            url,
+            conn: None,
+            connector,
+            connected_at: None,
+            guard: IdGuard::default(),
+            timeout: StatementTimeout::default(),
+            applied: None,
+        }
+    }
+
+    /// The database's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Takes in the relay's lease, as a call carried it: the statement timeout follows it.
+    pub fn lease(&mut self, lease: Duration) {
+        self.timeout.lease = Some(lease);
+    }
+
+    /// The connection, made (configured, and the last heartbeat repeated on it) if there is
+    /// none or the kept one cannot be reused.
+    pub async fn conn(&mut self) -> Result<&mut C::Conn, StoreError> {
+        if let Some(conn) = self.conn.as_mut()
+            && !C::reusable(conn)
+        {
+            self.conn = None;
+        }
+        let timeout = self.timeout.get();
+        if let Some(conn) = self.conn.as_mut()
+            && self.applied != Some(timeout)
+        {
+            // The relay's lease changed (or became known): configure the session again.
+            if let Err(e) = self.connector.configure(conn, timeout).await {
+                self.conn = None;
+                return Err(StoreError::new("configure the session", e));
+            }
+            self.applied = Some(timeout);
+        }
+        if self.conn.is_none() {
+            let mut conn = C::Conn::establish(&self.url)
+                .await
+                .map_err(|e| connect_error(C::NAME, e))?;
+            self.connector
+                .configure(&mut conn, timeout)
+                .await
+                .map_err(|e| StoreError::new("configure the session", e))?;
+            self.applied = Some(timeout);
+            if let Some((relay, lease, health)) = &self.guard.beat {
+                // A new connection: record the relay's session at once, before a peer takes
+                // the old one's end for this relay's death, and before anything else runs on
+                // it, so that this connection never claims for an id another live relay
+                // holds.
+                self.guard.in_use = self
+                    .connector
+                    .heartbeat(&mut conn, relay, *lease, health)
+                    .await
+                    .map_err(|e| StoreError::new(C::BEAT_ON_CONNECT, e))?;
+            }
+            self.connected_at = Some(Instant::now());
+            self.conn = Some(conn);
+        }
+        self.conn
+            .as_mut()
+            .ok_or_else(|| StoreError::new("connect", "no connection"))
+    }
+
+    /// The connection for `op`, a call that carries the relay's `lease` and must not run
+    /// while another live relay holds the id.
+    pub async fn guarded(
+        &mut self,
+        op: &'static str,
+        lease: Duration,
+    ) -> Result<&mut C::Conn, StoreError> {
+        self.lease(lease);
+        self.conn().await?;
+        self.guard.refuse(op)?;
+        self.conn().await
+    }
+
+    /// Passes a result through; after an error the connection is dropped and the next call
+    /// reconnects (the error may be a lost connection).
+    pub fn check<T>(
+        &mut self,
+        op: &'static str,
+        r: diesel::QueryResult<T>,
+    ) -> Result<T, StoreError> {
+        r.map_err(|e| {
+            self.conn = None;
+            store_error(op, e)
+        })
+    }
+
+    /// The store's `heartbeat`: remembers it for new connections and writes it (a new
+    /// connection writes it as it connects); `Err` while another live relay holds the id.
+    pub async fn heartbeat(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+        health: &RelayHealth,
+    ) -> Result<(), StoreError> {
+        self.lease(lease);
+        self.guard.remember(relay, lease, health);
+        // A new connection repeats the heartbeat just remembered as it connects.
+        let fresh = self.conn.is_none() && self.guard.beat.is_some();
+        self.conn().await?;
+        if !fresh {
+            let conn = self
+                .conn
+                .as_mut()
+                .ok_or_else(|| StoreError::new("connect", "no connection"))?;
+            let r = self.connector.heartbeat(conn, relay, lease, health).await;
+            self.guard.in_use = self.check("heartbeat", r)?;
+        }
+        self.guard.refuse("heartbeat")
+    }
+
+    /// The store's `reap_dead_relays`: nothing while another live relay holds the id or
+    /// before the connection is `REAP_GRACE` old.
+    #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+    pub async fn reap(&mut self, relay: &str) -> Result<Vec<String>, StoreError> {
+        self.conn().await?;
+        if !self.guard.may_reap(self.connected_at) {
+            return Ok(Vec::new());
+        }
+        let conn = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| StoreError::new("connect", "no connection"))?;
+        let r = C::reap(conn, relay).await;
+        self.check("reap dead relays", r)
+    }
+}
+
+/// The `heartbeat` and `reap_dead_relays` of a store on a backend that records relay
+/// sessions: the [`Base`]'s, in the store's `impl RelayStore` (its base in `self.base`).
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+macro_rules! session_methods {
+    () => {
+        async fn heartbeat(
+            &mut self,
+            relay: &str,
+            lease: std::time::Duration,
+            health: &outbox_core::relay::RelayHealth,
+        ) -> Result<(), outbox_core::relay::StoreError> {
+            self.base.heartbeat(relay, lease, health).await
+        }
+
+        async fn reap_dead_relays(
+            &mut self,
+            relay: &str,
+        ) -> Result<Vec<String>, outbox_core::relay::StoreError> {
+            self.base.reap(relay).await
+        }
+    };
+}
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+pub(crate) use session_methods;

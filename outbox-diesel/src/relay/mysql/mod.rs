@@ -1,0 +1,170 @@
+//! The MySQL/MariaDB relay store: its statements in `sql`, its `RelayStore` methods in
+//! `store`, the units of work that run in a transaction in `units`, relay sessions in
+//! `sessions`.
+
+pub(super) mod sessions;
+pub(super) mod sql;
+mod store;
+mod units;
+
+use std::time::Duration;
+
+use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, TransactionManager};
+use outbox_core::relay::{RelayHealth, RelayIdInUse, StoreError};
+
+use super::base::{Base, Connector};
+use super::common::CountRow;
+
+pub(crate) use sql::CLEANUP;
+use sql::{IS_MARIADB, SESSION_SQL, session_timeouts};
+
+/// MySQL's part of the store's connection: the session settings, the server's kind, and
+/// the ids of the store's connections, the current and recent ones.
+pub(crate) struct MysqlConnector {
+    own_connections: Vec<i64>,
+    /// Whether the server is MariaDB, once a connection has asked.
+    mariadb: Option<bool>,
+}
+
+impl Connector for MysqlConnector {
+    type Conn = AsyncMysqlConnection;
+    const NAME: &'static str = "MySQL";
+    const BEAT_ON_CONNECT: &'static str = "take the relay's session lock";
+
+    async fn configure(
+        &mut self,
+        conn: &mut Self::Conn,
+        timeout: Duration,
+    ) -> diesel::QueryResult<()> {
+        for sql in SESSION_SQL {
+            diesel::sql_query(sql).execute(conn).await?;
+        }
+        let mariadb = match self.mariadb {
+            Some(known) => known,
+            None => {
+                let row = diesel::sql_query(IS_MARIADB)
+                    .get_result::<CountRow>(conn)
+                    .await?;
+                *self.mariadb.insert(row.n == 1)
+            }
+        };
+        for sql in session_timeouts(timeout, mariadb) {
+            diesel::sql_query(sql).execute(conn).await?;
+        }
+        Ok(())
+    }
+
+    /// A call whose future was dropped mid-transaction leaves the connection inside it:
+    /// start over rather than run the next unit of work in someone else's transaction.
+    fn reusable(conn: &mut Self::Conn) -> bool {
+        let status =
+            <AsyncMysqlConnection as AsyncConnection>::TransactionManager::transaction_manager_status_mut(conn);
+        matches!(status.transaction_depth(), Ok(None))
+    }
+
+    async fn heartbeat(
+        &mut self,
+        conn: &mut Self::Conn,
+        relay: &str,
+        lease: Duration,
+        health: &RelayHealth,
+    ) -> diesel::QueryResult<Option<RelayIdInUse>> {
+        sessions::heartbeat(conn, relay, lease, health, &mut self.own_connections).await
+    }
+
+    async fn reap(conn: &mut Self::Conn, relay: &str) -> diesel::QueryResult<Vec<String>> {
+        sessions::reap(conn, relay).await
+    }
+}
+
+/// The relay store on MySQL 8 and MariaDB ≥ 10.6 (InnoDB): `FOR UPDATE SKIP LOCKED` claims
+/// for unordered mode, head-of-line ordered claims fenced by shard or leadership leases for
+/// the ordered modes, set-based marks (`IN (?, …)`), and no wake-up notifications: the relay
+/// polls at its poll interval.
+///
+/// Same semantics as `PgRelayStore`, with these differences of means:
+///
+/// - **Claims are one short transaction**, as MySQL has no `UPDATE … RETURNING`:
+///   `SELECT seq … ORDER BY seq LIMIT n FOR UPDATE [SKIP LOCKED]` (with the same conditions
+///   as PostgreSQL's claim, the shard-lease and leadership checks included), `UPDATE … WHERE
+///   seq IN (…)` on exactly the rows it locked (checking the shard or leadership lease
+///   again, see below), `SELECT` them back, `COMMIT`. Nothing else happens inside that
+///   transaction, and no transaction is ever open across a publish.
+/// - **Times are the database's clock in UTC**: `UTC_TIMESTAMP(6)` and
+///   `+ INTERVAL ? MICROSECOND`; the `DATETIME(6)` columns hold naive UTC, whatever the
+///   session's `time_zone`.
+/// - **Sessions run at `READ COMMITTED`** with `innodb_lock_wait_timeout = 10`, so that a
+///   locking read neither takes gap locks nor keeps the rows it only scanned past.
+/// - **Leadership is a lease row** in `outbox_leader` (`INSERT … ON DUPLICATE KEY UPDATE`
+///   that takes the row if it is ours or expired, then a read of who holds it, in one
+///   transaction), not `GET_LOCK`. `GET_LOCK` belongs to the server session that took it:
+///   it is lost silently when a pooler or proxy hands the relay another server connection,
+///   and released when the relay reconnects after an error; and as long as that session
+///   lives it never expires, so a hung leader whose connection stays open keeps it. Fencing
+///   needs the lease where the claim can read it, from whatever connection it runs on: the
+///   lease row is on the database clock, survives reconnects, and the ordered claim checks
+///   it in its own statements, which is what fences a deposed leader.
+/// - **Failures** are recorded with one `UPDATE` per failed row, in one transaction.
+/// - **Shard rebalancing** is pg.rs's algorithm: the heartbeat and the removal of long-dead
+///   relays as statements of their own, then the count of live relays, the renewal, and
+///   giving up surplus or taking free shards (`FOR UPDATE SKIP LOCKED`) in one transaction.
+///
+/// **Ordered modes and InnoDB locking.** The ordering guarantee is PostgreSQL's, but InnoDB
+/// gets there differently, and it costs more waiting:
+///
+/// - InnoDB locks every row a locking read examines *before* the conditions outside the
+///   index (shard, lease, head-of-line) are tested, and lets go of the rejected ones at once
+///   (`READ COMMITTED`). An ordered claim therefore cannot use `SKIP LOCKED`: another
+///   relay scanning past the head of an aggregate holds its lock for an instant, and a claim
+///   that skipped it would take the aggregate's next event. So ordered claims wait for
+///   every lock on a pending row they scan in `seq` order, in any shard: other relays'
+///   claims and marks in flight (milliseconds).
+/// - InnoDB's locking reads also wait for *uncommitted inserts*. An ordered claim that
+///   reaches a row an application transaction has inserted but not committed waits for that
+///   transaction, up to `innodb_lock_wait_timeout` (10 s; then the claim fails, and the
+///   relay backs off and retries). A long application transaction that writes to the outbox
+///   thus stalls the ordered relays; PostgreSQL's claim does not see uncommitted rows and
+///   does not wait. (The other side of it: a MariaDB ordered claim never overtakes an
+///   earlier event whose transaction commits late.) Unordered claims skip such rows.
+/// - The `SELECT`'s checks (leases, head-of-line) are as of its start: its clock is
+///   `UTC_TIMESTAMP(6)` at the statement's start, and its subqueries are consistent reads.
+///   A claim that waited long enough for its shard or leadership lease to run out and pass
+///   to another relay could otherwise claim rows of an aggregate the other relay is already
+///   publishing. So the `UPDATE` that leases the locked rows checks the shard or leadership
+///   lease again, on a fresh clock and snapshot, and if it cannot lease every locked row the
+///   whole claim is rolled back and returns nothing. What remains is the instant between
+///   that `UPDATE` and the `COMMIT`, as on PostgreSQL, where the claim is one statement.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), outbox_core::relay::StoreError> {
+/// use outbox_diesel::relay::MysqlRelayStore;
+/// let mut store = MysqlRelayStore::new("mysql://relay@127.0.0.1/app");
+/// store.connect().await?; // optional: report a bad URL at start-up
+/// # Ok(())
+/// # }
+/// ```
+pub struct MysqlRelayStore {
+    base: Base<MysqlConnector>,
+}
+
+impl MysqlRelayStore {
+    /// A store for the database at `url` (`mysql://user:password@host:port/database`); it
+    /// connects on first use and after errors.
+    pub fn new(url: impl Into<String>) -> Self {
+        MysqlRelayStore {
+            base: Base::new(
+                url.into(),
+                MysqlConnector {
+                    own_connections: Vec::new(),
+                    mariadb: None,
+                },
+            ),
+        }
+    }
+
+    /// Connects now (otherwise the first call does), so that a bad URL or an unreachable
+    /// server is reported at start-up.
+    pub async fn connect(&mut self) -> Result<(), StoreError> {
+        self.base.conn().await.map(|_| ())
+    }
+}

@@ -1,0 +1,131 @@
+//! The PostgreSQL relay store: its statements in `sql`, its `RelayStore` methods in `store`,
+//! relay sessions in `sessions`.
+
+pub(super) mod sessions;
+pub(super) mod sql;
+mod store;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::QueryableByName;
+use diesel::sql_types::Timestamptz;
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use outbox_core::relay::{OutboxMessage, RelayHealth, RelayIdInUse, StoreError};
+
+use super::base::{Base, Connector};
+use super::common::{ClaimedColumns, Malformed};
+
+pub(crate) use sql::CLEANUP;
+use sql::SESSION_SQL;
+
+#[derive(QueryableByName)]
+struct Row {
+    #[diesel(embed)]
+    columns: ClaimedColumns,
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    id: uuid::Uuid,
+    #[diesel(sql_type = Timestamptz)]
+    created_at: DateTime<Utc>,
+}
+
+impl Row {
+    fn into_message(self) -> Result<OutboxMessage, Malformed> {
+        self.columns.into_message(Ok(self.id), self.created_at)
+    }
+}
+
+/// PostgreSQL's part of the store's connection: the session settings, and the session the
+/// last heartbeat recorded.
+pub(crate) struct PgConnector {
+    session: Option<sessions::Session>,
+}
+
+impl Connector for PgConnector {
+    type Conn = AsyncPgConnection;
+    const NAME: &'static str = "PostgreSQL";
+
+    async fn configure(
+        &mut self,
+        conn: &mut Self::Conn,
+        timeout: Duration,
+    ) -> diesel::QueryResult<()> {
+        let sql = format!(
+            "{SESSION_SQL}; SET statement_timeout = {}",
+            timeout.as_millis()
+        );
+        conn.batch_execute(&sql).await
+    }
+
+    async fn heartbeat(
+        &mut self,
+        conn: &mut Self::Conn,
+        relay: &str,
+        lease: Duration,
+        health: &RelayHealth,
+    ) -> diesel::QueryResult<Option<RelayIdInUse>> {
+        match sessions::heartbeat(conn, relay, lease, health, self.session.as_ref()).await? {
+            sessions::Beat::Ours(session) => {
+                self.session = Some(session);
+                Ok(None)
+            }
+            sessions::Beat::InUse(conflict) => Ok(Some(conflict)),
+        }
+    }
+
+    async fn reap(conn: &mut Self::Conn, relay: &str) -> diesel::QueryResult<Vec<String>> {
+        sessions::reap(conn, relay).await
+    }
+}
+
+/// The relay store on PostgreSQL: `FOR UPDATE SKIP LOCKED` claims for unordered mode,
+/// head-of-line ordered claims fenced by shard or leadership leases for the ordered modes,
+/// set-based marks (`= ANY($seqs)`, `unnest` for failures), and `LISTEN outbox_events` on a
+/// second connection to wake up early.
+///
+/// ```no_run
+/// # async fn run() {
+/// use outbox_diesel::relay::PgRelayStore;
+/// let store = PgRelayStore::new("postgres://postgres@127.0.0.1/app");
+/// # }
+/// ```
+pub struct PgRelayStore {
+    base: Base<PgConnector>,
+    listener: Option<AsyncPgConnection>,
+    listen: bool,
+}
+
+impl PgRelayStore {
+    /// A store for the database at `url`; it connects on first use and after errors.
+    pub fn new(url: impl Into<String>) -> Self {
+        PgRelayStore {
+            base: Base::new(url.into(), PgConnector { session: None }),
+            listener: None,
+            listen: true,
+        }
+    }
+
+    /// The longest any statement of the store may run, at most (PostgreSQL's
+    /// `statement_timeout`). Without it the store takes a third of the relay's lease (10 s
+    /// before the first call that carries it); with it, the shorter of the two. The relay
+    /// renews its shard or leadership lease every third of a lease, so a claim that cannot
+    /// outlast that never acts on a lease that ran out while it waited for a lock: the store
+    /// keeps to it whatever is set here.
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.base.timeout.explicit = Some(timeout.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// Whether to `LISTEN` for writers' notifications (default `true`); without it the relay
+    /// polls at its poll interval.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
+    /// Connects now (otherwise the first call does), so that a bad URL or an unreachable
+    /// server is reported at start-up.
+    pub async fn connect(&mut self) -> Result<(), StoreError> {
+        self.base.conn().await.map(|_| ())
+    }
+}

@@ -1,0 +1,246 @@
+//! The PostgreSQL relay store's `RelayStore` methods: each one statement (the shard
+//! rebalance a few), run on the store's connection.
+
+use std::time::Duration;
+
+use diesel::sql_types::{Array, BigInt, Bool, Double, SmallInt, Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_core::relay::{
+    Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
+};
+
+use super::sql::*;
+use super::{PgRelayStore, Row};
+use crate::relay::base::session_methods;
+use crate::relay::common::{
+    CountRow, HolderRow, ShardRow, Share, assignment, secs, settle_malformed, share,
+    split_malformed,
+};
+
+impl RelayStore for PgRelayStore {
+    async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
+        let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX);
+        let conn = self.base.guarded("claim", claim.lease).await?;
+        let r = match claim.order {
+            ClaimOrder::Unordered => {
+                diesel::sql_query(format!("{CLAIM_UNORDERED}{RETURNING}"))
+                    .bind::<Text, _>(claim.relay)
+                    .bind::<Double, _>(secs(claim.lease))
+                    .bind::<BigInt, _>(limit)
+                    .load::<Row>(conn)
+                    .await
+            }
+            ClaimOrder::Ordered {
+                owned_shards_only,
+                leader_only,
+                dead_letters_block,
+            } => {
+                diesel::sql_query(format!("{CLAIM_ORDERED}{RETURNING}"))
+                    .bind::<Text, _>(claim.relay)
+                    .bind::<Double, _>(secs(claim.lease))
+                    .bind::<BigInt, _>(limit)
+                    .bind::<Bool, _>(owned_shards_only)
+                    .bind::<Bool, _>(leader_only)
+                    .bind::<Bool, _>(dead_letters_block)
+                    .load::<Row>(conn)
+                    .await
+            }
+        };
+        let sorted = split_malformed(
+            self.base
+                .check("claim", r)?
+                .into_iter()
+                .map(Row::into_message),
+        );
+        settle_malformed(self, claim.relay, sorted).await
+    }
+
+    async fn complete(
+        &mut self,
+        relay: &str,
+        seqs: &[i64],
+        completion: Completion,
+    ) -> Result<u64, StoreError> {
+        let sql = match completion {
+            Completion::MarkPublished => COMPLETE_MARK,
+            Completion::Delete => COMPLETE_DELETE,
+        };
+        let conn = self.base.conn().await?;
+        let r = diesel::sql_query(sql)
+            .bind::<Text, _>(relay)
+            .bind::<Array<BigInt>, _>(seqs)
+            .execute(conn)
+            .await;
+        self.base.check("mark published", r).map(|n| n as u64)
+    }
+
+    async fn fail(&mut self, relay: &str, failures: &[Failure]) -> Result<u64, StoreError> {
+        let seqs: Vec<i64> = failures.iter().map(|f| f.seq).collect();
+        let delays: Vec<f64> = failures
+            .iter()
+            .map(|f| f.retry_after.map(secs).unwrap_or(0.0))
+            .collect();
+        let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
+        let dead: Vec<bool> = failures.iter().map(|f| f.retry_after.is_none()).collect();
+        let conn = self.base.conn().await?;
+        let r = diesel::sql_query(FAIL)
+            .bind::<Text, _>(relay)
+            .bind::<Array<BigInt>, _>(&seqs)
+            .bind::<Array<Double>, _>(&delays)
+            .bind::<Array<Text>, _>(&errors)
+            .bind::<Array<Bool>, _>(&dead)
+            .execute(conn)
+            .await;
+        self.base.check("record failures", r).map(|n| n as u64)
+    }
+
+    async fn release(&mut self, relay: &str, seqs: &[i64]) -> Result<u64, StoreError> {
+        let conn = self.base.conn().await?;
+        let r = diesel::sql_query(RELEASE)
+            .bind::<Text, _>(relay)
+            .bind::<Array<BigInt>, _>(seqs)
+            .execute(conn)
+            .await;
+        self.base.check("release", r).map(|n| n as u64)
+    }
+
+    async fn acquire_leadership(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let conn = self.base.guarded("acquire leadership", lease).await?;
+        let r = diesel::sql_query(LEAD)
+            .bind::<Text, _>(relay)
+            .bind::<Double, _>(secs(lease))
+            .load::<HolderRow>(conn)
+            .await;
+        self.base
+            .check("acquire leadership", r)
+            .map(|rows| !rows.is_empty())
+    }
+
+    async fn rebalance_shards(
+        &mut self,
+        relay: &str,
+        lease: Duration,
+    ) -> Result<ShardAssignment, StoreError> {
+        let conn = self.base.guarded("rebalance shards", lease).await?;
+        let r = async {
+            diesel::sql_query(HEARTBEAT)
+                .bind::<Text, _>(relay)
+                .bind::<Double, _>(secs(lease))
+                .execute(conn)
+                .await?;
+            diesel::sql_query(FORGET_DEAD_RELAYS).execute(conn).await?;
+            let live = diesel::sql_query(LIVE_RELAYS)
+                .get_result::<CountRow>(conn)
+                .await?
+                .n;
+            let mut owned: Vec<i16> = diesel::sql_query(RENEW_SHARDS)
+                .bind::<Text, _>(relay)
+                .bind::<Double, _>(secs(lease))
+                .load::<ShardRow>(conn)
+                .await?
+                .into_iter()
+                .map(|r| r.shard)
+                .collect();
+            owned.sort_unstable();
+            match share(&mut owned, live) {
+                Share::GiveUp(surplus) => {
+                    diesel::sql_query(GIVE_UP_SHARDS)
+                        .bind::<Text, _>(relay)
+                        .bind::<Array<SmallInt>, _>(&surplus)
+                        .execute(conn)
+                        .await?;
+                }
+                Share::Take(want) => {
+                    let taken = diesel::sql_query(TAKE_SHARDS)
+                        .bind::<Text, _>(relay)
+                        .bind::<Double, _>(secs(lease))
+                        .bind::<BigInt, _>(want)
+                        .load::<ShardRow>(conn)
+                        .await?;
+                    owned.extend(taken.into_iter().map(|r| r.shard));
+                    owned.sort_unstable();
+                }
+                Share::Keep => {}
+            }
+            Ok(assignment(owned, live))
+        }
+        .await;
+        self.base.check("rebalance shards", r)
+    }
+
+    async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
+        if self.base.guard.in_use.is_some() {
+            // The leases of this id are the other relay's: leave them alone.
+            return Ok(());
+        }
+        let conn = self.base.conn().await?;
+        let r = async {
+            for sql in [
+                RELEASE_ALL_ROWS,
+                RELEASE_SHARDS,
+                RELEASE_LEADER,
+                FORGET_RELAY,
+            ] {
+                diesel::sql_query(sql)
+                    .bind::<Text, _>(relay)
+                    .execute(conn)
+                    .await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.base.check("release leases", r)
+    }
+
+    session_methods!();
+
+    async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
+        let conn = self.base.conn().await?;
+        let r = diesel::sql_query(CLEANUP)
+            .bind::<Double, _>(secs(older_than))
+            .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(conn)
+            .await;
+        self.base.check("clean up", r).map(|n| n as u64)
+    }
+
+    async fn wait_for_work(&mut self, timeout: Duration) {
+        if !self.listen {
+            tokio::time::sleep(timeout).await;
+            return;
+        }
+        if self.listener.is_none() {
+            match AsyncPgConnection::establish(self.base.url()).await {
+                Ok(mut l) => match l.batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}")).await {
+                    Ok(()) => self.listener = Some(l),
+                    Err(e) => tracing::warn!(error = %e, "LISTEN failed; polling"),
+                },
+                Err(e) => tracing::warn!(error = %e, "listener connection failed; polling"),
+            }
+        }
+        let Some(listener) = self.listener.as_mut() else {
+            tokio::time::sleep(timeout).await;
+            return;
+        };
+        use futures_util::StreamExt;
+        let lost = {
+            let mut stream = std::pin::pin!(listener.notifications_stream());
+            match tokio::time::timeout(timeout, stream.next()).await {
+                // A notification only wakes the relay; it never carries data.
+                Ok(Some(Ok(_))) | Err(_) => false,
+                Ok(Some(Err(e))) => {
+                    tracing::warn!(error = %e, "listener connection lost; reconnecting later");
+                    true
+                }
+                Ok(None) => true,
+            }
+        };
+        if lost {
+            self.listener = None;
+        }
+    }
+}
