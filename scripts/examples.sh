@@ -13,8 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# schema_evolution runs on its own line in scripts/test.sh.
-mapfile -t all < <(sed -n 's/^name = "\(.*\)"$/\1/p' <(awk '/^\[\[example\]\]/{e=1;next} /^\[/{e=0} e' Cargo.toml) | grep -vx schema_evolution)
+mapfile -t all < <(sed -n 's/^name = "\(.*\)"$/\1/p' <(awk '/^\[\[example\]\]/{e=1;next} /^\[/{e=0} e' Cargo.toml))
 if [ $# -gt 0 ]; then names=("$@"); else names=("${all[@]}"); fi
 
 cargo build --quiet --examples --all-features
