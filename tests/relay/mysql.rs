@@ -141,7 +141,6 @@ async fn deadlock_victim_is_run_again() {
 }
 
 #[tokio::test]
-#[ignore = "fills 1,000,000 rows; run with --ignored to measure"]
 async fn cleanup_timing_1m() {
     crate::admin_suite::cleanup_timing::<Mysql>("INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version, payload, headers, shard, created_at, available_at, published_at) SELECT UUID(), 'order', CAST(seq % 1000 AS CHAR), 'Paid', 1, '{\"amount\": 1}', '{}', seq % 256, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 2 DAY + INTERVAL seq MICROSECOND FROM seq_1_to_1000000").await;
 }

@@ -326,7 +326,6 @@ fn reap_uses_the_inflight_index() {
 }
 
 #[tokio::test]
-#[ignore = "fills 1,000,000 rows; run with --ignored to measure"]
 async fn cleanup_timing_1m() {
     crate::admin_suite::cleanup_timing::<Postgres>("INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version, payload, shard, published_at) SELECT gen_random_uuid(), 'order', (g % 1000)::text, 'Paid', 1, '{\"amount\": 1}', g % 256, now() - interval '2 days' + g * interval '1 microsecond' FROM generate_series(1, 1000000) g").await;
 }
