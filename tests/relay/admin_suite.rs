@@ -292,8 +292,8 @@ macro_rules! admin_suite {
 
 /// Retention of 1,000,000 published rows at the default batch: every batch statement is
 /// timed (the progress callback runs after each). `insert` writes the rows, published two
-/// days ago. Part of the test command (issue 10's acceptance: no statement of a retention run over
-/// 1 s at the default batch); measured here: PostgreSQL slowest batch 121 ms, SQLite 110 ms,
+/// days ago. Part of the test command: no statement of a retention run may take over
+/// 1 s at the default batch. Measured here: PostgreSQL slowest batch 121 ms, SQLite 110 ms,
 /// MariaDB 432 ms, with the three running at once.
 pub async fn cleanup_timing<B: Backend>(insert: &str) {
     use outbox::relay::admin::DEFAULT_CLEANUP_BATCH;
