@@ -59,7 +59,7 @@ pub(super) fn parse_version(value: &str) -> Result<u32, DecodeError> {
     }
 }
 
-/// Why a message could not be decoded into an [`Envelope<E>`]. Each message names what was
+/// Why a message could not be decoded into an [`Envelope<E>`](crate::Envelope). Each message names what was
 /// wrong; none of them gets better by retrying, so a consumer dead-letters or skips the message
 /// (see the Kafka consumer's `UndecodablePolicy`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +83,7 @@ pub enum DecodeError {
         reason: String,
     },
     /// The event type (with its aggregate type) is none of those the target type carries
-    /// ([`OutboxEvent::EVENT_TYPES`]).
+    /// ([`OutboxEvent::EVENT_TYPES`](crate::OutboxEvent::EVENT_TYPES)).
     UnknownEventType {
         /// The message's aggregate type.
         aggregate_type: String,

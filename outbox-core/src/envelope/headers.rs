@@ -33,7 +33,7 @@ pub const HEADER_AGGREGATE_TYPE: &str = "aggregate_type";
 pub const HEADER_CREATED_AT: &str = "created_at";
 
 /// The headers a publisher sets itself; an event header with one of these names is not sent
-/// (the publisher's value is the one consumers read), and [`Envelope::headers`] leaves them out.
+/// (the publisher's value is the one consumers read), and [`Envelope::headers`](crate::Envelope::headers) leaves them out.
 ///
 /// ```
 /// assert!(outbox_core::RESERVED_HEADERS.contains(&"id"));

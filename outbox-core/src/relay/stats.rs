@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// Counters of a running relay, shared with whoever holds [`Relay::stats`].
+/// Counters of a running relay, shared with whoever holds [`Relay::stats`](super::Relay::stats).
 #[derive(Debug, Default)]
 pub struct RelayStats {
     /// Rows claimed.

@@ -68,7 +68,7 @@ pub const DEFAULT_OUTAGE_BACKOFF: Backoff = Backoff {
 };
 
 /// How many parked keys a consumer remembers unless configured (see
-/// [`KafkaConsumerBuilder::max_parked_keys`]).
+/// [`KafkaConsumerBuilder::max_parked_keys`](super::KafkaConsumerBuilder::max_parked_keys)).
 ///
 /// ```
 /// assert_eq!(outbox_core::kafka::DEFAULT_MAX_PARKED_KEYS, 100_000);

@@ -63,7 +63,7 @@ struct HealthRow {
     session: Option<(u64, bool)>,
 }
 
-/// An outbox in memory implementing [`RelayStore`] with the same semantics as the SQL
+/// An outbox in memory implementing [`RelayStore`](crate::relay::RelayStore) with the same semantics as the SQL
 /// stores (leases, fencing, head-of-line blocking per aggregate, shard and leader leases),
 /// for testing the relay's logic. Clones share the same outbox.
 ///
@@ -142,7 +142,7 @@ impl MemoryStore {
     }
 
     /// The state and last outage error `relay` last reported with
-    /// [`heartbeat`](RelayStore::heartbeat), if it has a heartbeat row.
+    /// [`heartbeat`](crate::relay::RelayStore::heartbeat), if it has a heartbeat row.
     pub fn relay_health(&self, relay: &str) -> Option<(RelayState, Option<String>)> {
         lock(&self.state)
             .health
@@ -151,7 +151,7 @@ impl MemoryStore {
     }
 
     /// Ends `relay`'s database session, as the database sees it when the relay's process dies
-    /// (its connection closes): [`reap_dead_relays`](RelayStore::reap_dead_relays) then
+    /// (its connection closes): [`reap_dead_relays`](crate::relay::RelayStore::reap_dead_relays) then
     /// replaces it, if it tracked its session. A later heartbeat opens a new session.
     pub fn end_session(&self, relay: &str) {
         if let Some(h) = lock(&self.state).health.get_mut(relay)
