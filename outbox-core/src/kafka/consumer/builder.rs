@@ -1,16 +1,13 @@
 //! [`KafkaConsumerBuilder`]: the group, the topics, the handlers, and what to do when a message
 //! fails.
 
-use std::collections::BTreeMap;
 use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
 use serde::de::DeserializeOwned;
 
-use super::config::{DEFAULTS, SHARED_PREFIXES, check_settings, config_error};
-use super::context::{DeadLetterProducer, Inner, LogContext, RuntimeContext};
+use super::config::clients;
 use super::dead_letter::{DeadLetterTopic, DeadLetters};
 use super::dispatch::{Dispatch, Typed};
 use super::policy::{
@@ -21,7 +18,6 @@ use super::{KafkaConsumer, Settings};
 use crate::backoff::Backoff;
 use crate::fault::{ClassifyError, ErrorClass, classifier_of};
 use crate::kafka::KafkaConfigError;
-use crate::kafka::log::LogLimiter;
 use crate::{BoxError, Envelope, OutboxEvent, Outcome};
 
 /// Builds a [`KafkaConsumer`]. Get one from [`KafkaConsumer::builder`].
@@ -480,48 +476,7 @@ impl KafkaConsumerBuilder {
             return Err(invalid("max_attempts", "at least 1 attempt".into()));
         }
 
-        let mut settings: BTreeMap<String, String> = DEFAULTS
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        for (key, value) in self.settings {
-            let key = if key == "metadata.broker.list" {
-                "bootstrap.servers".to_owned()
-            } else {
-                key
-            };
-            settings.insert(key, value);
-        }
-        settings.insert("group.id".into(), group.clone());
-        check_settings(&settings)?;
-        let mut config = ClientConfig::new();
-        for (key, value) in &settings {
-            config.set(key, value);
-        }
-        let brokers = settings["bootstrap.servers"].clone();
-        let log = Arc::new(LogLimiter::new(brokers));
-        let consumer: Inner = config
-            .create_with_context(RuntimeContext(log.clone(), Default::default()))
-            .map_err(config_error)?;
-
-        let mut producer_config = ClientConfig::new();
-        for (key, value) in settings
-            .iter()
-            .filter(|(k, _)| SHARED_PREFIXES.iter().any(|p| k.starts_with(p)))
-        {
-            producer_config.set(key, value);
-        }
-        producer_config
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("message.timeout.ms", "10000")
-            .set("client.id", "outbox-dead-letters");
-        for (key, value) in &self.dead_letter_settings {
-            producer_config.set(key, value);
-        }
-        let producer: DeadLetterProducer = producer_config
-            .create_with_context(LogContext(log))
-            .map_err(config_error)?;
+        let (consumer, producer) = clients(self.settings, &self.dead_letter_settings, &group)?;
 
         Ok(KafkaConsumer::new(
             consumer,

@@ -2,7 +2,13 @@
 
 use std::collections::BTreeMap;
 
+use std::sync::Arc;
+
+use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
+
+use super::context::{DeadLetterProducer, Inner, LogContext, RuntimeContext};
+use crate::kafka::log::LogLimiter;
 
 use crate::kafka::KafkaConfigError;
 
@@ -64,4 +70,57 @@ pub(super) fn config_error(e: KafkaError) -> KafkaConfigError {
             reason: other.to_string(),
         },
     }
+}
+
+/// The consumer's librdkafka client and its dead-letter producer, from the defaults above, the
+/// user's settings (`metadata.broker.list` read as `bootstrap.servers`) and the group; both log
+/// through one rate limiter naming the brokers.
+pub(super) fn clients(
+    settings_given: Vec<(String, String)>,
+    dead_letter_settings: &[(String, String)],
+    group: &str,
+) -> Result<(Inner, DeadLetterProducer), KafkaConfigError> {
+    let mut settings: BTreeMap<String, String> = DEFAULTS
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    for (key, value) in settings_given {
+        let key = if key == "metadata.broker.list" {
+            "bootstrap.servers".to_owned()
+        } else {
+            key
+        };
+        settings.insert(key, value);
+    }
+    settings.insert("group.id".into(), group.to_owned());
+    check_settings(&settings)?;
+    let mut config = ClientConfig::new();
+    for (key, value) in &settings {
+        config.set(key, value);
+    }
+    let brokers = settings["bootstrap.servers"].clone();
+    let log = Arc::new(LogLimiter::new(brokers));
+    let consumer: Inner = config
+        .create_with_context(RuntimeContext(log.clone(), Default::default()))
+        .map_err(config_error)?;
+
+    let mut producer_config = ClientConfig::new();
+    for (key, value) in settings
+        .iter()
+        .filter(|(k, _)| SHARED_PREFIXES.iter().any(|p| k.starts_with(p)))
+    {
+        producer_config.set(key, value);
+    }
+    producer_config
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("message.timeout.ms", "10000")
+        .set("client.id", "outbox-dead-letters");
+    for (key, value) in dead_letter_settings {
+        producer_config.set(key, value);
+    }
+    let producer: DeadLetterProducer = producer_config
+        .create_with_context(LogContext(log))
+        .map_err(config_error)?;
+    Ok((consumer, producer))
 }
