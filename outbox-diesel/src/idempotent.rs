@@ -105,11 +105,14 @@ pub fn begin<C: IdempotentConnection>(conn: &mut C, consumer: &str, key: &str) -
 }
 
 /// Ends what [`begin`] started: commits the body's `Ok` as `Applied`, rolls back on its `Err`.
-pub fn finish<C: ?Sized, T, E: IdempotentError>(
+pub fn finish<C: ?Sized, T, E>(
     conn: &mut C,
     begun: Begun<C>,
     body: Option<Result<T, E>>,
-) -> Result<Outcome<T>, E> {
+) -> Result<Outcome<T>, E>
+where
+    E: IdempotentError,
+{
     match end(begun.state, body) {
         End::Commit(value) => {
             (begun.commit)(conn)?;
