@@ -231,9 +231,7 @@ impl Catalog {
         event_type: &str,
         version: u32,
     ) -> Option<&CatalogEntry> {
-        self.entries.iter().find(|e| {
-            e.aggregate_type == aggregate_type && e.event_type == event_type && e.version == version
-        })
+        find_version(&self.entries, aggregate_type, event_type, version)
     }
 
     /// The newest compiled version of an event type.
@@ -243,6 +241,30 @@ impl Catalog {
             .filter(|e| e.aggregate_type == aggregate_type && e.event_type == event_type)
             .max_by_key(|e| e.version)
     }
+}
+
+/// An entry of a list of event versions: the [`Catalog`]'s or a schema snapshot's.
+pub(crate) trait VersionKey {
+    /// Its aggregate type, event type and version.
+    fn version_key(&self) -> (&str, &str, u32);
+}
+
+impl VersionKey for CatalogEntry {
+    fn version_key(&self) -> (&str, &str, u32) {
+        (self.aggregate_type, self.event_type, self.version)
+    }
+}
+
+/// The entry of `entries` for one event version.
+pub(crate) fn find_version<'a, T: VersionKey>(
+    entries: &'a [T],
+    aggregate_type: &str,
+    event_type: &str,
+    version: u32,
+) -> Option<&'a T> {
+    entries
+        .iter()
+        .find(|e| e.version_key() == (aggregate_type, event_type, version))
 }
 
 fn entry_of(reg: &Registration, index: usize, t: &EventType) -> CatalogEntry {

@@ -24,9 +24,22 @@ pub(crate) enum Position {
     VariantField,
 }
 
-/// Every key `#[outbox(...)]` knows, whatever its position.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Key {
+/// Defines [`Key`] and `Key::ALL`, its variants in this order, from one list.
+macro_rules! keys {
+    ($($key:ident),* $(,)?) => {
+        /// Every key `#[outbox(...)]` knows, whatever its position.
+        #[derive(Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum Key {
+            $($key),*
+        }
+
+        impl Key {
+            const ALL: &[Key] = &[$(Key::$key),*];
+        }
+    };
+}
+
+keys!(
     Aggregate,
     EventType,
     Version,
@@ -34,21 +47,11 @@ pub(crate) enum Key {
     Crate,
     AggregateId,
     UpcastFrom,
-}
+);
 
 use Key::*;
 
 impl Key {
-    const ALL: [Key; 7] = [
-        Aggregate,
-        EventType,
-        Version,
-        Topic,
-        Crate,
-        AggregateId,
-        UpcastFrom,
-    ];
-
     pub(crate) fn name(self) -> &'static str {
         match self {
             Aggregate => "aggregate",
@@ -258,7 +261,7 @@ fn parse_key(
     out: &mut Attrs,
 ) -> syn::Result<()> {
     let path = &meta.path;
-    let Some(key) = Key::ALL.into_iter().find(|k| path.is_ident(k.name())) else {
+    let Some(key) = Key::ALL.iter().copied().find(|k| path.is_ident(k.name())) else {
         cx.error_spanned_by(path, position.unknown_key_message(&path_to_string(path)));
         return take_rest(meta).map(drop);
     };

@@ -113,15 +113,33 @@ pub fn finish<C: ?Sized, T, E>(
 where
     E: IdempotentError,
 {
-    match (begun.state, body) {
-        (State::Claimed, Some(Ok(value))) => {
+    match end(begun.state, body) {
+        End::Commit(value) => {
             (begun.commit)(conn)?;
             Ok(Outcome::Applied(value))
         }
-        (State::Claimed, Some(Err(e))) => Err(keep_error((begun.rollback)(conn), e)),
+        End::Rollback(e) => Err(keep_error((begun.rollback)(conn), e)),
+        End::Done(outcome) => outcome,
+    }
+}
+
+/// How [`finish`] and [`finish_async`] end what they were given.
+enum End<T, E> {
+    /// Commit, then the body's value is `Applied`.
+    Commit(T),
+    /// Roll back, keeping the body's error.
+    Rollback(E),
+    /// Nothing left to do on the connection.
+    Done(Result<Outcome<T>, E>),
+}
+
+fn end<T, E: IdempotentError>(state: State, body: Option<Result<T, E>>) -> End<T, E> {
+    match (state, body) {
+        (State::Claimed, Some(Ok(value))) => End::Commit(value),
+        (State::Claimed, Some(Err(e))) => End::Rollback(e),
         (State::Claimed, None) => unreachable!("#[idempotent] runs the body of a claimed message"),
-        (State::Duplicate, _) => Ok(Outcome::Duplicate),
-        (State::Failed(e), _) => Err(e.into()),
+        (State::Duplicate, _) => End::Done(Ok(Outcome::Duplicate)),
+        (State::Failed(e), _) => End::Done(Err(e.into())),
     }
 }
 
@@ -186,23 +204,18 @@ pub async fn begin_async<C: AsyncIdempotentConnection>(
 
 /// The async twin of [`finish`].
 #[cfg(feature = "async")]
-pub async fn finish_async<C: ?Sized, T, E>(
+pub async fn finish_async<C: ?Sized, T, E: IdempotentError>(
     conn: &mut C,
     begun: AsyncBegun<C>,
     body: Option<Result<T, E>>,
-) -> Result<Outcome<T>, E>
-where
-    E: IdempotentError,
-{
-    match (begun.state, body) {
-        (State::Claimed, Some(Ok(value))) => {
+) -> Result<Outcome<T>, E> {
+    match end(begun.state, body) {
+        End::Commit(value) => {
             (begun.commit)(conn).await?;
             Ok(Outcome::Applied(value))
         }
-        (State::Claimed, Some(Err(e))) => Err(keep_error((begun.rollback)(conn).await, e)),
-        (State::Claimed, None) => unreachable!("#[idempotent] runs the body of a claimed message"),
-        (State::Duplicate, _) => Ok(Outcome::Duplicate),
-        (State::Failed(e), _) => Err(e.into()),
+        End::Rollback(e) => Err(keep_error((begun.rollback)(conn).await, e)),
+        End::Done(outcome) => outcome,
     }
 }
 

@@ -22,20 +22,29 @@ pub use headers::{
     RESERVED_HEADERS,
 };
 
-/// [`Envelope::from_row`] of an outbox row, as written ([`NewMessage`]) or as claimed
-/// (`OutboxMessage`): the two share these fields.
+/// Decodes an outbox row, as written ([`NewMessage`]) or as claimed (`OutboxMessage`): the
+/// two share these fields. The row's headers become [`Envelope::headers`], except any named
+/// like a reserved header.
 macro_rules! from_row {
-    ($message:expr) => {
-        Self::from_row(
-            $message.id,
-            &$message.aggregate_type,
-            &$message.event_type,
-            $message.event_version,
-            $message.created_at,
-            &$message.headers,
-            &$message.payload,
+    ($message:expr) => {{
+        let m = $message;
+        Self::assemble(
+            Meta {
+                id: m.id,
+                aggregate_type: &m.aggregate_type,
+                event_type: &m.event_type,
+                version: parse_version(&m.event_version.to_string())?,
+                created_at: m.created_at,
+                headers: m
+                    .headers
+                    .iter()
+                    .filter(|(k, _)| !RESERVED_HEADERS.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            },
+            m.payload.as_bytes(),
         )
-    };
+    }};
 }
 
 /// An event as a consumer receives it: the typed payload and its metadata.
@@ -296,36 +305,6 @@ impl<E: OutboxEvent + DeserializeOwned> Envelope<E> {
         Self::decode(headers, Some(record.payload.as_bytes()))
     }
 
-    fn from_row(
-        id: Uuid,
-        aggregate_type: &str,
-        event_type: &str,
-        version: i32,
-        created_at: DateTime<Utc>,
-        headers: &Headers,
-        payload: &str,
-    ) -> Result<Self, DecodeError> {
-        let version = parse_version(&version.to_string())?;
-        let headers = headers
-            .iter()
-            .filter(|(k, _)| !RESERVED_HEADERS.contains(&k.as_str()))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        Self::assemble(
-            Meta {
-                id,
-                aggregate_type,
-                event_type,
-                version,
-                created_at,
-                headers,
-            },
-            payload.as_bytes(),
-        )
-    }
-
-    /// The checks shared by every source: the event type is one of `E`'s, the version is not
-    /// newer than `E` knows, the payload deserialises as `E` and is of that event type.
     fn assemble(meta: Meta<'_>, payload: &[u8]) -> Result<Self, DecodeError> {
         let target = std::any::type_name::<E>();
         let known = E::EVENT_TYPES

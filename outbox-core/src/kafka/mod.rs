@@ -151,3 +151,18 @@ pub use error::{BrokerUnreachable, KafkaConfigError};
 #[cfg(feature = "relay")]
 #[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
 pub use publisher::KafkaPublisher;
+
+/// Kafka headers as text pairs, for tests' assertions.
+#[cfg(test)]
+pub(crate) fn header_pairs(headers: &rdkafka::message::OwnedHeaders) -> Vec<(String, String)> {
+    use rdkafka::message::Headers as _;
+    headers
+        .iter()
+        .map(|h| {
+            (
+                h.key.to_owned(),
+                String::from_utf8(h.value.unwrap().to_vec()).unwrap(),
+            )
+        })
+        .collect()
+}

@@ -58,7 +58,6 @@ impl fmt::Debug for Router {
 mod tests {
     use super::*;
     use chrono::TimeZone;
-    use rdkafka::message::Headers as _;
 
     pub(crate) fn message() -> OutboxMessage {
         OutboxMessage {
@@ -86,15 +85,7 @@ mod tests {
     #[test]
     fn headers_are_the_publisher_ones_then_the_carried_ones() {
         let h = headers(&message());
-        let got: Vec<(String, String)> = h
-            .iter()
-            .map(|h| {
-                (
-                    h.key.to_owned(),
-                    String::from_utf8(h.value.unwrap().to_vec()).unwrap(),
-                )
-            })
-            .collect();
+        let got = crate::kafka::header_pairs(&h);
         let want = [
             ("id", "0190b1f6-5b1c-7cc3-9a4e-3f0e1d2c3b4a"),
             ("event_type", "OrderCreated"),

@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 
 use super::SchemaError;
 use super::normalize::normalize;
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, VersionKey, find_version};
 
 /// The format of the file, written in its `format` key.
 const FORMAT: u64 = 1;
@@ -29,6 +29,12 @@ pub struct SnapshotEntry {
     pub upcast_from: Option<u32>,
     /// The normalized JSON Schema; `None` when the type had none.
     pub schema: Option<Value>,
+}
+
+impl VersionKey for SnapshotEntry {
+    fn version_key(&self) -> (&str, &str, u32) {
+        (&self.aggregate_type, &self.event_type, self.version)
+    }
 }
 
 impl SnapshotEntry {
@@ -103,9 +109,7 @@ impl Snapshot {
         event_type: &str,
         version: u32,
     ) -> Option<&SnapshotEntry> {
-        self.entries.iter().find(|e| {
-            e.aggregate_type == aggregate_type && e.event_type == event_type && e.version == version
-        })
+        find_version(&self.entries, aggregate_type, event_type, version)
     }
 
     /// This snapshot (the compiled one) with the older versions `history` has of the event

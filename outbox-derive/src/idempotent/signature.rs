@@ -75,6 +75,31 @@ fn result_ok_type(ty: &Type) -> Option<&Type> {
     }
 }
 
+/// Whether `found` (the parameters of one kind) holds exactly one; otherwise reports `none`
+/// at the parameter list, or `more(name of the first)` at each further one.
+fn exactly_one(
+    cx: &Ctxt,
+    found: &[(usize, &syn::PatType)],
+    params: proc_macro2::Span,
+    none: &str,
+    more: impl Fn(&str) -> String,
+) -> bool {
+    match found {
+        [] => {
+            cx.syn_error(syn::Error::new(params, none));
+            false
+        }
+        [_] => true,
+        [(_, first), rest @ ..] => {
+            let first = pattern_name(&first.pat);
+            for (_, extra) in rest {
+                cx.error_spanned_by(&extra.ty, more(&first));
+            }
+            false
+        }
+    }
+}
+
 impl Signature {
     /// Reads the signature, reporting every reason it cannot be wrapped; `None` if there is
     /// one.
@@ -107,54 +132,32 @@ impl Signature {
             }
         }
         let params = sig.paren_token.span.join();
-        match conns.as_slice() {
-            [] => {
-                cx.syn_error(syn::Error::new(
-                    params,
-                    "an `#[idempotent]` function takes a Diesel connection, e.g. \
-                     `conn: &mut PgConnection`: none of its parameters is a `&mut` reference",
-                ));
-                ok = false;
-            }
-            [_] => {}
-            [(_, first), rest @ ..] => {
-                for (_, extra) in rest {
-                    cx.error_spanned_by(
-                        &extra.ty,
-                        format!(
-                            "only one parameter of an `#[idempotent]` function can be a `&mut` \
-                             reference: it is the Diesel connection, and `{}` already is one",
-                            pattern_name(&first.pat)
-                        ),
-                    );
-                }
-                ok = false;
-            }
-        }
-        match envelopes.as_slice() {
-            [] => {
-                cx.syn_error(syn::Error::new(
-                    params,
-                    "an `#[idempotent]` function takes the message as an `Envelope<E>`, e.g. \
-                     `event: Envelope<OrderCreated>`: none of its parameters is one",
-                ));
-                ok = false;
-            }
-            [_] => {}
-            [(_, first), rest @ ..] => {
-                for (_, extra) in rest {
-                    cx.error_spanned_by(
-                        &extra.ty,
-                        format!(
-                            "an `#[idempotent]` function handles one message: `{}` is already \
-                             its `Envelope`",
-                            pattern_name(&first.pat)
-                        ),
-                    );
-                }
-                ok = false;
-            }
-        }
+        ok &= exactly_one(
+            cx,
+            &conns,
+            params,
+            "an `#[idempotent]` function takes a Diesel connection, e.g. \
+             `conn: &mut PgConnection`: none of its parameters is a `&mut` reference",
+            |first| {
+                format!(
+                    "only one parameter of an `#[idempotent]` function can be a `&mut` \
+                     reference: it is the Diesel connection, and `{first}` already is one"
+                )
+            },
+        );
+        ok &= exactly_one(
+            cx,
+            &envelopes,
+            params,
+            "an `#[idempotent]` function takes the message as an `Envelope<E>`, e.g. \
+             `event: Envelope<OrderCreated>`: none of its parameters is one",
+            |first| {
+                format!(
+                    "an `#[idempotent]` function handles one message: `{first}` is already \
+                     its `Envelope`"
+                )
+            },
+        );
         let output =
             match &sig.output {
                 ReturnType::Default => {

@@ -196,6 +196,16 @@ impl<C: Connector> Base<C> {
         self.conn().await
     }
 
+    /// The connection for the store's `release_all`; `None` while another live relay holds
+    /// the id: the leases of this id are the other relay's, to be left alone.
+    #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+    pub async fn releasing(&mut self) -> Result<Option<&mut C::Conn>, StoreError> {
+        if self.guard.in_use.is_some() {
+            return Ok(None);
+        }
+        self.conn().await.map(Some)
+    }
+
     /// Passes a result through; after an error the connection is dropped and the next call
     /// reconnects (the error may be a lost connection).
     pub fn check<T>(
@@ -251,9 +261,10 @@ impl<C: Connector> Base<C> {
 }
 
 /// The `heartbeat` and `reap_dead_relays` of a store on a backend that records relay
-/// sessions: the [`Base`]'s, in the store's `impl RelayStore` (its base in `self.base`).
+/// sessions (the [`Base`]'s), and its `cleanup` (the backend's `cleanup_query`, as the
+/// admin API runs it), in the store's `impl RelayStore` (its base in `self.base`).
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
-macro_rules! session_methods {
+macro_rules! server_methods {
     () => {
         async fn heartbeat(
             &mut self,
@@ -270,7 +281,17 @@ macro_rules! session_methods {
         ) -> Result<Vec<String>, outbox_core::relay::StoreError> {
             self.base.reap(relay).await
         }
+
+        async fn cleanup(
+            &mut self,
+            older_than: std::time::Duration,
+            limit: usize,
+        ) -> Result<u64, outbox_core::relay::StoreError> {
+            let q = cleanup_query(older_than, i64::try_from(limit).unwrap_or(i64::MAX));
+            let r = q.execute(self.base.conn().await?).await;
+            self.base.check("clean up", r).map(|n| n as u64)
+        }
     };
 }
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
-pub(crate) use session_methods;
+pub(crate) use server_methods;

@@ -222,6 +222,35 @@ pub(crate) fn mode_name(mode: outbox_core::relay::Mode) -> &'static str {
     }
 }
 
+/// A statement of the relay's on backend `DB`, its parameters bound.
+pub(crate) type Statement<DB> =
+    diesel::query_builder::BoxedSqlQuery<'static, DB, diesel::query_builder::SqlQuery>;
+
+/// Runs each of `statements` in order, with the relay's id bound as its one parameter.
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+pub(crate) async fn run_each<C>(
+    conn: &mut C,
+    statements: &[&'static str],
+    relay: &str,
+) -> diesel::QueryResult<()>
+where
+    C: diesel_async::AsyncConnection + Send,
+    C::Backend: diesel::sql_types::HasSqlType<diesel::sql_types::Text>,
+    str: diesel::serialize::ToSql<diesel::sql_types::Text, C::Backend>,
+    for<'a> diesel::query_builder::BoxedSqlQuery<'a, C::Backend, diesel::query_builder::SqlQuery>:
+        diesel::query_builder::QueryFragment<C::Backend>,
+{
+    use diesel_async::RunQueryDsl;
+    for sql in statements {
+        diesel::sql_query(*sql)
+            .into_boxed::<C::Backend>()
+            .bind::<diesel::sql_types::Text, _>(relay)
+            .execute(conn)
+            .await?;
+    }
+    Ok(())
+}
+
 /// Seconds as the databases' interval arithmetic takes them.
 #[cfg(feature = "postgres_backend")]
 pub(crate) fn secs(d: std::time::Duration) -> f64 {
@@ -282,6 +311,22 @@ where
         .iter()
         .fold(bind(diesel::sql_query(sql).into_boxed()), bind_value)
 }
+
+// The [`seq_lists`] prefixes whose text is the same on MySQL and SQLite.
+
+/// The relay, then the `IN (…)` list.
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+pub(crate) const COMPLETE_DELETE: &str =
+    "DELETE FROM outbox_events WHERE locked_by = ? AND seq IN (";
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+/// The relay, then the `IN (…)` list.
+pub(crate) const RELEASE: &str = "UPDATE outbox_events \
+     SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1 \
+     WHERE locked_by = ? AND seq IN (";
+#[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
+/// The relay, then the `IN (…)` list of shards.
+pub(crate) const GIVE_UP_SHARDS: &str = "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL \
+     WHERE owner = ? AND shard IN (";
 
 /// One `prefix(?, …)suffix` statement per [`IN_LIST_MAX`] of `seqs`, `bind` binding the
 /// prefix's own parameters before the `seq`s.

@@ -101,28 +101,23 @@ pub enum DeadCommand {
     },
     /// Make dead letters pending again (attempts 0, due now): the relay publishes them, and
     /// an ordered aggregate's later events follow in order.
-    Retry {
-        #[command(flatten)]
-        filter: FilterArgs,
-        /// Select every dead letter (needed when no filter is given).
-        #[arg(long)]
-        all: bool,
-        /// Do it (without: print what would be done and exit 2).
-        #[arg(long)]
-        yes: bool,
-    },
+    Retry(SettleArgs),
     /// Delete dead letters (only dead rows): an ordered aggregate's later events move on
     /// without them.
-    Purge {
-        #[command(flatten)]
-        filter: FilterArgs,
-        /// Select every dead letter (needed when no filter is given).
-        #[arg(long)]
-        all: bool,
-        /// Do it (without: print what would be done and exit 2).
-        #[arg(long)]
-        yes: bool,
-    },
+    Purge(SettleArgs),
+}
+
+/// The dead letters `outbox dead retry` and `outbox dead purge` act on, and whether to act.
+#[derive(clap::Args, Debug)]
+pub struct SettleArgs {
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Select every dead letter (needed when no filter is given).
+    #[arg(long)]
+    all: bool,
+    /// Do it (without: print what would be done and exit 2).
+    #[arg(long)]
+    yes: bool,
 }
 
 /// `outbox replay`.
@@ -304,31 +299,38 @@ pub async fn dead(url: &str, command: DeadCommand) -> Result<ExitCode, Fatal> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        DeadCommand::Retry { filter, all, yes } => {
-            let filter = selection(&filter, all, "dead letters")?;
-            with_admin!(url, |admin| {
-                if !yes {
-                    let n = admin.count(&filter, true).await?;
-                    return Ok(not_confirmed(format!("would retry {n} dead letters")));
-                }
-                let n = admin.retry_dead(&filter).await?;
-                println!("retried {n} dead letters");
-            });
-            Ok(ExitCode::SUCCESS)
-        }
-        DeadCommand::Purge { filter, all, yes } => {
-            let filter = selection(&filter, all, "dead letters")?;
-            with_admin!(url, |admin| {
-                if !yes {
-                    let n = admin.count(&filter, true).await?;
-                    return Ok(not_confirmed(format!("would delete {n} dead letters")));
-                }
-                let n = admin.purge_dead(&filter).await?;
-                println!("deleted {n} dead letters");
-            });
-            Ok(ExitCode::SUCCESS)
-        }
+        DeadCommand::Retry(args) => settle_dead(url, &args, Settle::Retry).await,
+        DeadCommand::Purge(args) => settle_dead(url, &args, Settle::Purge).await,
     }
+}
+
+/// What `outbox dead retry` and `outbox dead purge` do to the dead letters they select.
+#[derive(Clone, Copy)]
+enum Settle {
+    Retry,
+    Purge,
+}
+
+/// `outbox dead retry` and `outbox dead purge`: without `--yes`, only the count of what
+/// would change.
+async fn settle_dead(url: &str, args: &SettleArgs, how: Settle) -> Result<ExitCode, Fatal> {
+    let filter = selection(&args.filter, args.all, "dead letters")?;
+    let (verb, done) = match how {
+        Settle::Retry => ("retry", "retried"),
+        Settle::Purge => ("delete", "deleted"),
+    };
+    with_admin!(url, |admin| {
+        if !args.yes {
+            let n = admin.count(&filter, true).await?;
+            return Ok(not_confirmed(format!("would {verb} {n} dead letters")));
+        }
+        let n = match how {
+            Settle::Retry => admin.retry_dead(&filter).await?,
+            Settle::Purge => admin.purge_dead(&filter).await?,
+        };
+        println!("{done} {n} dead letters");
+    });
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A progress bar on a terminal, nothing otherwise.

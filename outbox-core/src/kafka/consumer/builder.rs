@@ -5,11 +5,12 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdkafka::message::OwnedMessage;
 use serde::de::DeserializeOwned;
 
 use super::config::clients;
 use super::dead_letter::{DeadLetterTopic, DeadLetters};
-use super::dispatch::{Dispatch, Typed};
+use super::dispatch::{self, Dispatch};
 use super::policy::{
     AfterDeadLetter, DEFAULT_MAX_PARKED_KEYS, DEFAULT_OUTAGE_BACKOFF, DEFAULT_RETRY_BACKOFF,
     UndecodablePolicy,
@@ -237,7 +238,9 @@ impl KafkaConsumerBuilder {
         T: Send + 'static,
         Err: Into<BoxError> + Send + 'static,
     {
-        let typed = Arc::new(Typed::<E, F>::new(handler));
+        let typed = Arc::new(move |message: &OwnedMessage| {
+            dispatch::decode::<E>(message).map(|envelope| dispatch::erase(handler(envelope)))
+        });
         if let Err(key) = self.dispatch.register(E::EVENT_TYPES, typed)
             && self.duplicate_handler.is_none()
         {

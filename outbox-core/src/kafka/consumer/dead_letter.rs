@@ -231,15 +231,7 @@ mod tests {
         );
         let long = "é".repeat(MAX_ERROR_BYTES);
         let h = dead_letter_headers(&message, &Kind::Handler, &long, 5, "billing");
-        let got: Vec<(String, String)> = h
-            .iter()
-            .map(|h| {
-                (
-                    h.key.to_owned(),
-                    String::from_utf8(h.value.unwrap().to_vec()).unwrap(),
-                )
-            })
-            .collect();
+        let got = crate::kafka::header_pairs(&h);
         assert_eq!(got[0], ("id".into(), "abc".into()));
         assert_eq!(got[1].0, "outbox.error");
         assert_eq!(got[1].1.len(), MAX_ERROR_BYTES);

@@ -29,41 +29,36 @@ pub(crate) trait ErasedHandler: Send + Sync {
     fn call(&self, message: &OwnedMessage) -> Result<HandlerFuture, DecodeError>;
 }
 
-/// A user's handler for event type `E`.
-pub(crate) struct Typed<E, F> {
-    f: F,
-    _event: std::marker::PhantomData<fn() -> E>,
-}
-
-impl<E, F> Typed<E, F> {
-    pub(crate) fn new(f: F) -> Self {
-        Typed {
-            f,
-            _event: std::marker::PhantomData,
-        }
-    }
-}
-
-impl<E, F, Fut, T, Err> ErasedHandler for Typed<E, F>
+/// Every `Fn(&message)` that decodes and runs is an [`ErasedHandler`]: the consumer's builder
+/// makes one of each handler the user registers (see [`decode`] and [`erase`]).
+impl<G> ErasedHandler for G
 where
-    E: OutboxEvent + DeserializeOwned + Send + 'static,
-    F: Fn(Envelope<E>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Outcome<T>, Err>> + Send + 'static,
-    T: Send + 'static,
-    Err: Into<BoxError> + Send + 'static,
+    G: Fn(&OwnedMessage) -> Result<HandlerFuture, DecodeError> + Send + Sync,
 {
     fn call(&self, message: &OwnedMessage) -> Result<HandlerFuture, DecodeError> {
-        let headers = message.headers().into_iter().flat_map(|h| h.iter());
-        let envelope = Envelope::<E>::decode(headers.map(|h| (h.key, h.value)), message.payload())?;
-        let fut = (self.f)(envelope);
-        Ok(Box::pin(async move {
-            match fut.await {
-                Ok(Outcome::Applied(_)) => Ok(Handled::Applied),
-                Ok(Outcome::Duplicate) => Ok(Handled::Duplicate),
-                Err(e) => Err(e.into()),
-            }
-        }))
+        self(message)
     }
+}
+
+/// Decodes `message` into the `Envelope<E>` a handler for `E` takes.
+pub(crate) fn decode<E: OutboxEvent + DeserializeOwned>(
+    message: &OwnedMessage,
+) -> Result<Envelope<E>, DecodeError> {
+    let headers = message.headers().into_iter().flat_map(|h| h.iter());
+    Envelope::<E>::decode(headers.map(|h| (h.key, h.value)), message.payload())
+}
+
+/// A handler's future, its outcome reduced to what the consumer records.
+pub(crate) fn erase<T, Err: Into<BoxError>>(
+    fut: impl Future<Output = Result<Outcome<T>, Err>> + Send + 'static,
+) -> HandlerFuture {
+    Box::pin(async move {
+        match fut.await {
+            Ok(Outcome::Applied(_)) => Ok(Handled::Applied),
+            Ok(Outcome::Duplicate) => Ok(Handled::Duplicate),
+            Err(e) => Err(e.into()),
+        }
+    })
 }
 
 /// Why a message cannot be handled at all: retrying would not help.

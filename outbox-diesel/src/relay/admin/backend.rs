@@ -67,17 +67,57 @@ pub trait AdminConnection: Sealed + Send {
 }
 
 /// Defines the admin statements whose text is the same on every backend but for the filter
-/// (the backend's `filter!()`, expanded where this is), the time they take as now
-/// (`retry_now`, `replay_now`: SQLite binds it, `?9` and `?11`) and the placeholders of
-/// their own parameters (`after`, `limit`, `last`).
+/// and the text of a time column (the backend's `filter!()` and `time!(column)`, expanded
+/// where this is), the time they take as now (`now`, `retry_now`, `replay_now`: SQLite binds
+/// it, `?1`, `?9` and `?11`), the placeholders of their own parameters (`after`, `limit`,
+/// `last`), the integer type a count is cast to (`int`), and the relay's session and the
+/// event's id as text (`session`, `id`).
 macro_rules! filtered_statements {
     (
+        now: $now:literal,
+        int: $int:literal,
+        session: $session:literal,
+        id: $id:literal,
         retry_now: $retry_now:literal,
         replay_now: $replay_now:literal,
         after: $after:literal,
         limit: $limit:literal,
         last: $last:literal $(,)?
     ) => {
+        const RELAYS: &str = concat!(
+            "SELECT r.relay_id, r.mode, r.state, ",
+            time!("r.state_since"),
+            " AS state_since, CAST(CASE WHEN r.heartbeat_until > ",
+            $now,
+            " THEN 1 ELSE 0 END AS ",
+            $int,
+            ") AS live, r.last_error, ",
+            $session,
+            " AS session, (SELECT COUNT(*) FROM outbox_shard_leases s \
+             WHERE s.owner = r.relay_id AND s.lease_until > ",
+            $now,
+            ") AS shards FROM outbox_relays r ORDER BY r.relay_id"
+        );
+        const LEADER: &str = concat!(
+            "SELECT holder FROM outbox_leader WHERE lease_until > ",
+            $now,
+            " ORDER BY name LIMIT 1"
+        );
+        const LIST_DEAD: &str = concat!(
+            "SELECT seq, ",
+            $id,
+            " AS id, aggregate_type, aggregate_id, event_type, event_version, topic, attempts, ",
+            time!("created_at"),
+            " AS created_at, ",
+            time!("dead_at"),
+            " AS dead_at, last_error FROM outbox_events \
+             WHERE dead_at IS NOT NULL AND published_at IS NULL",
+            filter!(),
+            " AND seq > ",
+            $after,
+            " ORDER BY seq LIMIT ",
+            $limit
+        );
         /// Aggregates whose dead letter holds back a later pending event (index
         /// `outbox_events_dead_aggregate`, then `outbox_events_pending_aggregate`).
         const BLOCKED: &str = "SELECT COUNT(*) AS n FROM (SELECT DISTINCT d.aggregate_type, \
@@ -161,7 +201,7 @@ pub(crate) mod server {
 /// `COUNT_DEAD`, `COUNT_PUBLISHED`, `RETRY`, `PURGE`, `REPLAY_BOUND` and `REPLAY`, and the
 /// functions `bind(sql, filter)` (a boxed query with the filter bound), `clock()` and
 /// `stamp(query, &clock)` (the "now" a statement binds: SQLite binds the caller's clock,
-/// the servers read their own and `stamp` binds nothing), and `cleanup(older_than, limit)`.
+/// the servers read their own and `stamp` binds nothing), and `cleanup_query(older_than, limit)`.
 ///
 /// A macro rather than one generic impl: the bodies are the same on every backend, but a
 /// generic body over Diesel's backends needs, for each statement, bounds that the boxed
@@ -260,7 +300,7 @@ macro_rules! admin_connection {
                 older_than: Duration,
                 limit: i64,
             ) -> Result<u64, AdminError> {
-                let q = cleanup(older_than, limit);
+                let q = cleanup_query(older_than, limit);
                 db("clean up published events", q.execute(self).await).map(|n| n as u64)
             }
         }

@@ -15,6 +15,7 @@ use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
     Status, db,
 };
+use crate::relay::mysql::cleanup_query;
 
 macro_rules! filter {
     () => {
@@ -46,30 +47,11 @@ const COUNTS: &str = concat!(
          UTC_TIMESTAMP(6)) AS DOUBLE) / 1000000.0 AS oldest_pending_age \
      FROM outbox_events"
 );
-const RELAYS: &str = concat!(
-    "SELECT r.relay_id, r.mode, r.state, ",
-    time!("r.state_since"),
-    " AS state_since, \
-     CAST(CASE WHEN r.heartbeat_until > UTC_TIMESTAMP(6) THEN 1 ELSE 0 END AS SIGNED) AS live, \
-     r.last_error, r.session_lock AS session, \
-     (SELECT COUNT(*) FROM outbox_shard_leases s WHERE s.owner = r.relay_id \
-         AND s.lease_until > UTC_TIMESTAMP(6)) AS shards \
-     FROM outbox_relays r ORDER BY r.relay_id"
-);
-const LEADER: &str =
-    "SELECT holder FROM outbox_leader WHERE lease_until > UTC_TIMESTAMP(6) ORDER BY name LIMIT 1";
-const LIST_DEAD: &str = concat!(
-    "SELECT seq, id, aggregate_type, aggregate_id, event_type, event_version, topic, attempts, ",
-    time!("created_at"),
-    " AS created_at, ",
-    time!("dead_at"),
-    " AS dead_at, last_error FROM outbox_events \
-     WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!(),
-    " AND seq > ? ORDER BY seq LIMIT ?"
-);
-
 filtered_statements!(
+    now: "UTC_TIMESTAMP(6)",
+    int: "SIGNED",
+    session: "r.session_lock",
+    id: "id",
     retry_now: "UTC_TIMESTAMP(6)",
     replay_now: "UTC_TIMESTAMP(6)",
     after: "?",
@@ -100,13 +82,6 @@ fn bind<'a>(sql: &'static str, f: &Filter) -> BoxedSqlQuery<'a, Mysql, SqlQuery>
         .bind::<Nullable<Text>, _>(f.aggregate_id.clone())
         .bind::<Nullable<Text>, _>(f.event_type.clone())
         .bind::<Nullable<Text>, _>(f.event_type.clone())
-}
-
-fn cleanup(older_than: Duration, limit: i64) -> BoxedSqlQuery<'static, Mysql, SqlQuery> {
-    diesel::sql_query(crate::relay::mysql::CLEANUP)
-        .into_boxed()
-        .bind::<BigInt, _>(crate::relay::common::micros(older_than))
-        .bind::<BigInt, _>(limit)
 }
 
 admin_connection!(AsyncMysqlConnection);

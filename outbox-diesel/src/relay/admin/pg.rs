@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use diesel::pg::Pg;
 use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{Array, BigInt, Double, Nullable, Text, Timestamptz};
+use diesel::sql_types::{Array, BigInt, Nullable, Text, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use super::backend::server::{clock, stamp};
@@ -16,6 +16,7 @@ use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
     Status, db,
 };
+use crate::relay::pg::cleanup_query;
 
 macro_rules! filter {
     () => {
@@ -52,29 +53,11 @@ const COUNTS: &str = concat!(
          AS oldest_pending_age \
      FROM outbox_events"
 );
-const RELAYS: &str = concat!(
-    "SELECT r.relay_id, r.mode, r.state, ",
-    time!("r.state_since"),
-    " AS state_since, \
-     CAST(CASE WHEN r.heartbeat_until > now() THEN 1 ELSE 0 END AS BIGINT) AS live, \
-     r.last_error, CAST(r.session_pid AS TEXT) AS session, \
-     (SELECT COUNT(*) FROM outbox_shard_leases s WHERE s.owner = r.relay_id AND s.lease_until > now()) AS shards \
-     FROM outbox_relays r ORDER BY r.relay_id"
-);
-const LEADER: &str =
-    "SELECT holder FROM outbox_leader WHERE lease_until > now() ORDER BY name LIMIT 1";
-const LIST_DEAD: &str = concat!(
-    "SELECT seq, id::text AS id, aggregate_type, aggregate_id, event_type, event_version, topic, attempts, ",
-    time!("created_at"),
-    " AS created_at, ",
-    time!("dead_at"),
-    " AS dead_at, last_error FROM outbox_events \
-     WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!(),
-    " AND seq > $9 ORDER BY seq LIMIT $10"
-);
-
 filtered_statements!(
+    now: "now()",
+    int: "BIGINT",
+    session: "CAST(r.session_pid AS TEXT)",
+    id: "id::text",
     retry_now: "now()",
     replay_now: "now()",
     after: "$9",
@@ -94,13 +77,6 @@ fn bind<'a>(sql: &'static str, f: &'a Filter) -> BoxedSqlQuery<'a, Pg, SqlQuery>
         .bind::<Nullable<Text>, _>(f.aggregate_type.as_deref())
         .bind::<Nullable<Text>, _>(f.aggregate_id.as_deref())
         .bind::<Nullable<Text>, _>(f.event_type.as_deref())
-}
-
-fn cleanup(older_than: Duration, limit: i64) -> BoxedSqlQuery<'static, Pg, SqlQuery> {
-    diesel::sql_query(crate::relay::pg::CLEANUP)
-        .into_boxed()
-        .bind::<Double, _>(older_than.as_secs_f64())
-        .bind::<BigInt, _>(limit)
 }
 
 admin_connection!(AsyncPgConnection);

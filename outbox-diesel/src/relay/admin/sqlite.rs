@@ -19,6 +19,7 @@ use super::types::{
     Status, db,
 };
 use crate::backend::sqlite_timestamp;
+use crate::relay::sqlite::cleanup_query;
 
 macro_rules! filter {
     () => {
@@ -42,23 +43,19 @@ const COUNTS: &str = "SELECT \
      (julianday(?1) - julianday(MIN(CASE WHEN published_at IS NULL AND dead_at IS NULL THEN created_at END))) \
          * 86400.0 AS oldest_pending_age \
      FROM outbox_events";
-/// `?1`: now. SQLite relays record no session.
-const RELAYS: &str = "SELECT r.relay_id, r.mode, r.state, r.state_since, \
-     CAST(CASE WHEN r.heartbeat_until > ?1 THEN 1 ELSE 0 END AS INTEGER) AS live, \
-     r.last_error, NULL AS session, \
-     (SELECT COUNT(*) FROM outbox_shard_leases s WHERE s.owner = r.relay_id AND s.lease_until > ?1) AS shards \
-     FROM outbox_relays r ORDER BY r.relay_id";
-const LEADER: &str =
-    "SELECT holder FROM outbox_leader WHERE lease_until > ?1 ORDER BY name LIMIT 1";
-const LIST_DEAD: &str = concat!(
-    "SELECT seq, id, aggregate_type, aggregate_id, event_type, event_version, topic, attempts, \
-     created_at, dead_at, last_error FROM outbox_events \
-     WHERE dead_at IS NOT NULL AND published_at IS NULL",
-    filter!(),
-    " AND seq > ?9 ORDER BY seq LIMIT ?10"
-);
+/// SQLite stores times as the text the other backends' `time!` formats theirs to.
+macro_rules! time {
+    ($c:literal) => {
+        $c
+    };
+}
 
+// SQLite relays record no session.
 filtered_statements!(
+    now: "?1",
+    int: "INTEGER",
+    session: "NULL",
+    id: "id",
     retry_now: "?9",
     replay_now: "?11",
     after: "?9",
@@ -93,13 +90,6 @@ fn stamp<'a>(
     now: &str,
 ) -> BoxedSqlQuery<'a, Sqlite, SqlQuery> {
     q.bind::<Text, _>(now.to_owned())
-}
-
-fn cleanup(older_than: Duration, limit: i64) -> BoxedSqlQuery<'static, Sqlite, SqlQuery> {
-    diesel::sql_query(crate::relay::sqlite::CLEANUP)
-        .into_boxed()
-        .bind::<Text, _>(crate::relay::sqlite::before(Utc::now(), older_than))
-        .bind::<BigInt, _>(limit)
 }
 
 admin_connection!(Conn);

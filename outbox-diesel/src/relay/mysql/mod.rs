@@ -9,14 +9,25 @@ mod units;
 
 use std::time::Duration;
 
+use diesel::mysql::Mysql;
+use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, TransactionManager};
 use outbox_core::relay::{RelayHealth, RelayIdInUse, StoreError};
 
 use super::base::{Base, Connector};
 use super::common::CountRow;
+use super::common::Statement;
 
-pub(crate) use sql::CLEANUP;
-use sql::{IS_MARIADB, SESSION_SQL, session_timeouts};
+use sql::{CLEANUP, IS_MARIADB, SESSION_SQL, session_timeouts};
+
+/// [`CLEANUP`] for the events published more than `older_than` (microseconds, clamped to a
+/// century) ago, at most `limit`: the store's `cleanup` and the admin API's.
+pub(crate) fn cleanup_query(older_than: Duration, limit: i64) -> Statement<Mysql> {
+    diesel::sql_query(CLEANUP)
+        .into_boxed()
+        .bind::<BigInt, _>(super::common::micros(older_than))
+        .bind::<BigInt, _>(limit)
+}
 
 /// MySQL's part of the store's connection: the session settings, the server's kind, and
 /// the ids of the store's connections, the current and recent ones.

@@ -1,5 +1,7 @@
 //! The MySQL/MariaDB relay store's statements and session settings.
 
+pub(super) use crate::relay::common::{COMPLETE_DELETE, GIVE_UP_SHARDS, RELEASE};
+
 /// Session settings of relay connections, one statement each (the timeouts follow: see
 /// [`session_timeouts`]).
 ///
@@ -97,9 +99,6 @@ pub(super) const COMPLETE_MARK: &str = "UPDATE outbox_events \
      SET published_at = UTC_TIMESTAMP(6), locked_by = NULL, locked_until = NULL \
      WHERE locked_by = ? AND seq IN (";
 
-pub(super) const COMPLETE_DELETE: &str =
-    "DELETE FROM outbox_events WHERE locked_by = ? AND seq IN (";
-
 pub(super) const FAIL_RETRY: &str = "UPDATE outbox_events \
      SET locked_by = NULL, locked_until = NULL, last_error = ?, dead_at = NULL, \
          available_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
@@ -109,13 +108,16 @@ pub(super) const FAIL_DEAD: &str = "UPDATE outbox_events \
      SET locked_by = NULL, locked_until = NULL, last_error = ?, dead_at = UTC_TIMESTAMP(6) \
      WHERE seq = ? AND locked_by = ?";
 
-pub(super) const RELEASE: &str = "UPDATE outbox_events \
+/// What `release_all` runs, in this order, each with the relay's id bound: it lets go of the
+/// relay's claimed rows, its shards and its leadership, and forgets its heartbeat.
+pub(super) const RELEASE_ALL: [&str; 4] = [
+    "UPDATE outbox_events \
      SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1 \
-     WHERE locked_by = ? AND seq IN (";
-
-pub(super) const RELEASE_ALL_ROWS: &str = "UPDATE outbox_events \
-     SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1 \
-     WHERE locked_by = ? AND published_at IS NULL AND dead_at IS NULL";
+     WHERE locked_by = ? AND published_at IS NULL AND dead_at IS NULL",
+    "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL WHERE owner = ?",
+    "DELETE FROM outbox_leader WHERE holder = ?",
+    "DELETE FROM outbox_relays WHERE relay_id = ?",
+];
 
 /// Takes or renews the leadership lease: the row becomes ours if it already was or has
 /// expired. `holder` is assigned first, so the second `IF` reads either the new holder, which
@@ -151,9 +153,6 @@ pub(super) const RENEW_SHARDS: &str = "UPDATE outbox_shard_leases \
 pub(super) const OWNED_SHARDS: &str =
     "SELECT shard FROM outbox_shard_leases WHERE owner = ? ORDER BY shard";
 
-pub(super) const GIVE_UP_SHARDS: &str = "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL \
-     WHERE owner = ? AND shard IN (";
-
 pub(super) const FREE_SHARDS: &str = "SELECT shard FROM outbox_shard_leases \
      WHERE owner IS NULL OR lease_until < UTC_TIMESTAMP(6) \
      ORDER BY shard LIMIT ? FOR UPDATE SKIP LOCKED";
@@ -162,13 +161,8 @@ pub(super) const TAKE_SHARDS: &str = "UPDATE outbox_shard_leases \
      SET owner = ?, lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
      WHERE shard IN (";
 
-pub(super) const RELEASE_SHARDS: &str =
-    "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL WHERE owner = ?";
-pub(super) const RELEASE_LEADER: &str = "DELETE FROM outbox_leader WHERE holder = ?";
-pub(super) const FORGET_RELAY: &str = "DELETE FROM outbox_relays WHERE relay_id = ?";
-
 /// MySQL's single-table `DELETE` takes `ORDER BY … LIMIT` directly.
-pub(crate) const CLEANUP: &str = "DELETE FROM outbox_events \
+pub(super) const CLEANUP: &str = "DELETE FROM outbox_events \
      WHERE published_at IS NOT NULL \
        AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
      ORDER BY published_at LIMIT ?";

@@ -10,11 +10,13 @@ use outbox_core::relay::{
     Claim, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
 };
 
-use super::MysqlRelayStore;
 use super::sql::*;
 use super::units::{ClaimError, claim_in, heartbeat, in_transaction, rebalance_in};
-use crate::relay::base::session_methods;
-use crate::relay::common::{HolderRow, micros, seq_lists, settle_malformed, split_malformed};
+use super::{MysqlRelayStore, cleanup_query};
+use crate::relay::base::server_methods;
+use crate::relay::common::{
+    HolderRow, micros, run_each, seq_lists, settle_malformed, split_malformed,
+};
 
 /// `last_error` is a `TEXT` column: at most 65,535 bytes.
 const MAX_ERROR_BYTES: usize = 65_535;
@@ -169,37 +171,12 @@ impl RelayStore for MysqlRelayStore {
     }
 
     async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
-        if self.base.guard.in_use.is_some() {
-            // The leases of this id are the other relay's: leave them alone.
+        let Some(conn) = self.base.releasing().await? else {
             return Ok(());
-        }
-        let conn = self.base.conn().await?;
-        let r = in_transaction!(conn, async |conn| {
-            for sql in [
-                RELEASE_ALL_ROWS,
-                RELEASE_SHARDS,
-                RELEASE_LEADER,
-                FORGET_RELAY,
-            ] {
-                diesel::sql_query(sql)
-                    .bind::<Text, _>(relay)
-                    .execute(conn)
-                    .await?;
-            }
-            Ok::<_, diesel::result::Error>(())
-        });
+        };
+        let r = in_transaction!(conn, async |conn| run_each(conn, &RELEASE_ALL, relay).await);
         self.base.check("release leases", r)
     }
 
-    session_methods!();
-
-    async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
-        let conn = self.base.conn().await?;
-        let r = diesel::sql_query(CLEANUP)
-            .bind::<BigInt, _>(micros(older_than))
-            .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(conn)
-            .await;
-        self.base.check("clean up", r).map(|n| n as u64)
-    }
+    server_methods!();
 }

@@ -9,15 +9,25 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
-use diesel::sql_types::Timestamptz;
+use diesel::pg::Pg;
+use diesel::sql_types::{BigInt, Double, Timestamptz};
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use outbox_core::relay::{OutboxMessage, RelayHealth, RelayIdInUse, StoreError};
 
 use super::base::{Base, Connector};
+use super::common::Statement;
 use super::common::{ClaimedColumns, Malformed};
 
-pub(crate) use sql::CLEANUP;
-use sql::SESSION_SQL;
+use sql::{CLEANUP, SESSION_SQL};
+
+/// [`CLEANUP`] for the events published more than `older_than` (seconds) ago, at most
+/// `limit`: the store's `cleanup` and the admin API's.
+pub(crate) fn cleanup_query(older_than: Duration, limit: i64) -> Statement<Pg> {
+    diesel::sql_query(CLEANUP)
+        .into_boxed()
+        .bind::<Double, _>(super::common::secs(older_than))
+        .bind::<BigInt, _>(limit)
+}
 
 #[derive(QueryableByName)]
 struct Row {

@@ -101,9 +101,16 @@ pub(super) const RELEASE: &str = "UPDATE outbox_events \
      SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1 \
      WHERE seq = ANY($2) AND locked_by = $1";
 
-pub(super) const RELEASE_ALL_ROWS: &str = "UPDATE outbox_events \
+/// What `release_all` runs, in this order, each with the relay's id bound: it lets go of the
+/// relay's claimed rows, its shards and its leadership, and forgets its heartbeat.
+pub(super) const RELEASE_ALL: [&str; 4] = [
+    "UPDATE outbox_events \
      SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1 \
-     WHERE locked_by = $1 AND published_at IS NULL AND dead_at IS NULL";
+     WHERE locked_by = $1 AND published_at IS NULL AND dead_at IS NULL",
+    "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL WHERE owner = $1",
+    "DELETE FROM outbox_leader WHERE holder = $1",
+    "DELETE FROM outbox_relays WHERE relay_id = $1",
+];
 
 pub(super) const LEAD: &str = "INSERT INTO outbox_leader (name, holder, lease_until) \
      VALUES ('relay', $1, now() + make_interval(secs => $2)) \
@@ -137,12 +144,7 @@ pub(super) const TAKE_SHARDS: &str = "UPDATE outbox_shard_leases \
                      ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED) \
      RETURNING shard";
 
-pub(super) const RELEASE_SHARDS: &str =
-    "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL WHERE owner = $1";
-pub(super) const RELEASE_LEADER: &str = "DELETE FROM outbox_leader WHERE holder = $1";
-pub(super) const FORGET_RELAY: &str = "DELETE FROM outbox_relays WHERE relay_id = $1";
-
-pub(crate) const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
+pub(super) const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
      SELECT seq FROM outbox_events \
      WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1) \
      ORDER BY published_at LIMIT $2)";

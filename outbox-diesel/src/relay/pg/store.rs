@@ -10,10 +10,10 @@ use outbox_core::relay::{
 };
 
 use super::sql::*;
-use super::{PgRelayStore, Row};
-use crate::relay::base::session_methods;
+use super::{PgRelayStore, Row, cleanup_query};
+use crate::relay::base::server_methods;
 use crate::relay::common::{
-    CountRow, HolderRow, ShardRow, Share, assignment, secs, settle_malformed, share,
+    CountRow, HolderRow, ShardRow, Share, assignment, run_each, secs, settle_malformed, share,
     split_malformed,
 };
 
@@ -173,40 +173,14 @@ impl RelayStore for PgRelayStore {
     }
 
     async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
-        if self.base.guard.in_use.is_some() {
-            // The leases of this id are the other relay's: leave them alone.
+        let Some(conn) = self.base.releasing().await? else {
             return Ok(());
-        }
-        let conn = self.base.conn().await?;
-        let r = async {
-            for sql in [
-                RELEASE_ALL_ROWS,
-                RELEASE_SHARDS,
-                RELEASE_LEADER,
-                FORGET_RELAY,
-            ] {
-                diesel::sql_query(sql)
-                    .bind::<Text, _>(relay)
-                    .execute(conn)
-                    .await?;
-            }
-            Ok(())
-        }
-        .await;
+        };
+        let r = run_each(conn, &RELEASE_ALL, relay).await;
         self.base.check("release leases", r)
     }
 
-    session_methods!();
-
-    async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
-        let conn = self.base.conn().await?;
-        let r = diesel::sql_query(CLEANUP)
-            .bind::<Double, _>(secs(older_than))
-            .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(conn)
-            .await;
-        self.base.check("clean up", r).map(|n| n as u64)
-    }
+    server_methods!();
 
     async fn wait_for_work(&mut self, timeout: Duration) {
         if !self.listen {

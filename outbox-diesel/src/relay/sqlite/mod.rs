@@ -7,15 +7,26 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel::SqliteConnection;
+use diesel::sql_types::{BigInt, Text};
+use diesel::sqlite::Sqlite;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use outbox_core::relay::StoreError;
 
 use super::base::{Base, Connector};
 use super::common::MAX_INTERVAL;
+use super::common::Statement;
 use crate::backend::sqlite_timestamp;
 
-pub(crate) use sql::CLEANUP;
-use sql::{SESSION_SQL, busy_timeout};
+use sql::{CLEANUP, SESSION_SQL, busy_timeout};
+
+/// [`CLEANUP`] with its parameters bound (the cut-off on the caller's clock, now): the
+/// store's `cleanup` and the admin API's.
+pub(crate) fn cleanup_query(older_than: Duration, limit: i64) -> Statement<Sqlite> {
+    diesel::sql_query(CLEANUP)
+        .into_boxed()
+        .bind::<Text, _>(before(Utc::now(), older_than))
+        .bind::<BigInt, _>(limit)
+}
 
 /// SQLite's part of the store's connection: the session settings. SQLite records no relay
 /// sessions (it runs in the relay's process).

@@ -1,5 +1,7 @@
 //! The SQLite relay store's statements and session settings.
 
+pub(super) use crate::relay::common::{COMPLETE_DELETE, GIVE_UP_SHARDS, RELEASE};
+
 /// Session settings of relay connections. `busy_timeout` (set by [`busy_timeout`]): a
 /// writer that finds the database locked by another connection (a second relay, the
 /// application) waits up to 5 s instead of failing at once. WAL: readers (the application's)
@@ -54,10 +56,6 @@ pub(super) const COMPLETE_MARK: &str = "UPDATE outbox_events \
      SET published_at = ?, locked_by = NULL, locked_until = NULL \
      WHERE locked_by = ? AND seq IN (";
 
-/// Relay, then the `IN (…)` list.
-pub(super) const COMPLETE_DELETE: &str =
-    "DELETE FROM outbox_events WHERE locked_by = ? AND seq IN (";
-
 /// `?1` error, `?2` retry at, `?3` seq, `?4` relay.
 pub(super) const FAIL_RETRY: &str = "UPDATE outbox_events \
      SET locked_by = NULL, locked_until = NULL, last_error = ?1, dead_at = NULL, \
@@ -69,14 +67,16 @@ pub(super) const FAIL_DEAD: &str = "UPDATE outbox_events \
      SET locked_by = NULL, locked_until = NULL, last_error = ?1, dead_at = ?2 \
      WHERE seq = ?3 AND locked_by = ?4";
 
-/// Relay, then the `IN (…)` list.
-pub(super) const RELEASE: &str = "UPDATE outbox_events \
+/// What `release_all` runs, in this order, each with the relay's id bound: it lets go of the
+/// relay's claimed rows, its shards and its leadership, and forgets its heartbeat.
+pub(super) const RELEASE_ALL: [&str; 4] = [
+    "UPDATE outbox_events \
      SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1 \
-     WHERE locked_by = ? AND seq IN (";
-
-pub(super) const RELEASE_ALL_ROWS: &str = "UPDATE outbox_events \
-     SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1 \
-     WHERE locked_by = ?1 AND published_at IS NULL AND dead_at IS NULL";
+     WHERE locked_by = ?1 AND published_at IS NULL AND dead_at IS NULL",
+    "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL WHERE owner = ?1",
+    "DELETE FROM outbox_leader WHERE holder = ?1",
+    "DELETE FROM outbox_relays WHERE relay_id = ?1",
+];
 
 /// `?1` relay, `?2` lease end, `?3` now.
 pub(super) const LEAD: &str = "INSERT INTO outbox_leader (name, holder, lease_until) VALUES ('relay', ?1, ?2) \
@@ -113,10 +113,6 @@ pub(super) const FORGET_DEAD_RELAYS: &str = "DELETE FROM outbox_relays WHERE hea
 pub(super) const RENEW_SHARDS: &str = "UPDATE outbox_shard_leases SET lease_until = ?2 WHERE owner = ?1 \
      RETURNING shard";
 
-/// Relay, then the `IN (…)` list.
-pub(super) const GIVE_UP_SHARDS: &str = "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL \
-     WHERE owner = ? AND shard IN (";
-
 /// `?1` relay, `?2` lease end, `?3` now, `?4` how many.
 pub(super) const TAKE_SHARDS: &str = "UPDATE outbox_shard_leases SET owner = ?1, lease_until = ?2 \
      WHERE shard IN (SELECT shard FROM outbox_shard_leases \
@@ -124,13 +120,8 @@ pub(super) const TAKE_SHARDS: &str = "UPDATE outbox_shard_leases SET owner = ?1,
                      ORDER BY shard LIMIT ?4) \
      RETURNING shard";
 
-pub(super) const RELEASE_SHARDS: &str =
-    "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL WHERE owner = ?1";
-pub(super) const RELEASE_LEADER: &str = "DELETE FROM outbox_leader WHERE holder = ?1";
-pub(super) const FORGET_RELAY: &str = "DELETE FROM outbox_relays WHERE relay_id = ?1";
-
 /// `?1` cut-off, `?2` limit.
-pub(crate) const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
+pub(super) const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
      SELECT seq FROM outbox_events \
      WHERE published_at IS NOT NULL AND published_at < ?1 \
      ORDER BY published_at LIMIT ?2)";

@@ -14,7 +14,7 @@ use outbox_core::relay::{
 };
 
 use super::sql::*;
-use super::{SqliteRelayStore, after, before};
+use super::{SqliteRelayStore, after, before, cleanup_query};
 use crate::backend::sqlite_timestamp;
 use crate::relay::common::{
     CountRow, HolderRow, Malformed, ShardRow, Share, TextIdRow, assignment, mode_name, seq_lists,
@@ -252,12 +252,7 @@ impl RelayStore for SqliteRelayStore {
         let relay = relay.to_owned();
         self.run("release leases", move |c| {
             c.immediate_transaction(|c| {
-                for sql in [
-                    RELEASE_ALL_ROWS,
-                    RELEASE_SHARDS,
-                    RELEASE_LEADER,
-                    FORGET_RELAY,
-                ] {
+                for sql in RELEASE_ALL {
                     diesel::sql_query(sql).bind::<Text, _>(&relay).execute(c)?;
                 }
                 Ok(())
@@ -269,10 +264,7 @@ impl RelayStore for SqliteRelayStore {
     async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.run("clean up", move |c| {
-            let n = diesel::sql_query(CLEANUP)
-                .bind::<Text, _>(before(Utc::now(), older_than))
-                .bind::<BigInt, _>(limit)
-                .execute(c)?;
+            let n = cleanup_query(older_than, limit).execute(c)?;
             Ok(n as u64)
         })
         .await
