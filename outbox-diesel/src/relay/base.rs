@@ -62,6 +62,7 @@ pub(crate) trait Connector: Send + 'static {
     }
 
     /// Reaps the relays whose recorded session is gone; returns their ids.
+    #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
     fn reap(
         _conn: &mut Self::Conn,
         _relay: &str,
@@ -126,7 +127,8 @@ impl<C: Connector> Base<C> {
         }
     }
 
-    /// The database's URL.
+    /// The database's URL (the PostgreSQL store's listener connects to it).
+    #[cfg(feature = "postgres_backend")]
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -185,6 +187,7 @@ impl<C: Connector> Base<C> {
 
     /// The connection for `op`, a call that carries the relay's `lease` and must not run
     /// while another live relay holds the id.
+    #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
     pub async fn guarded(
         &mut self,
         op: &'static str,
@@ -221,6 +224,7 @@ impl<C: Connector> Base<C> {
 
     /// The store's `heartbeat`: remembers it for new connections and writes it (a new
     /// connection writes it as it connects); `Err` while another live relay holds the id.
+    #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
     pub async fn heartbeat(
         &mut self,
         relay: &str,

@@ -21,6 +21,7 @@ pub(crate) struct IdGuard {
 
 impl IdGuard {
     /// Remembers `health` (when it tracks the session) for the next connection.
+    #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
     pub fn remember(
         &mut self,
         relay: &str,
@@ -37,6 +38,7 @@ impl IdGuard {
     }
 
     /// `Err` while another live relay holds the id: `op` must not run.
+    #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
     pub fn refuse(&self, op: &'static str) -> Result<(), StoreError> {
         match &self.in_use {
             Some(c) => Err(StoreError::new(op, c.clone())),

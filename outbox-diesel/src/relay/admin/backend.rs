@@ -172,6 +172,7 @@ macro_rules! filtered_statements {
 pub(crate) use filtered_statements;
 
 /// The "now" of a backend whose statements read the server's clock: nothing to bind.
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 pub(crate) struct ServerClock;
 
 /// `clock` and `stamp` of the backends whose statements read the server's clock
