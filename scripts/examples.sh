@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 mapfile -t all < <(sed -n 's/^name = "\(.*\)"$/\1/p' <(awk '/^\[\[example\]\]/{e=1;next} /^\[/{e=0} e' Cargo.toml))
 if [ $# -gt 0 ]; then names=("$@"); else names=("${all[@]}"); fi
 
-cargo build --quiet --examples --all-features
+# `--workspace`: the same feature resolution as the test command's build, which has built them.
+cargo build --quiet --workspace --examples --all-features
 dir="${CARGO_TARGET_DIR:-target}/debug/examples"
 failed=()
 start=$(date +%s)

@@ -104,7 +104,25 @@ step() {
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "packaged files (scripts/package-check.sh)" ./scripts/package-check.sh
-step "cargo test" cargo test --workspace --all-features
+# The UI tests compile (trybuild builds their dependencies and every case itself) while the
+# other tests mostly wait on databases and brokers: after one build of every test, the two run
+# side by side, the UI tests' compiler on one core. (cargo holds its build lock only while it
+# builds, so the two invocations do not wait for each other; both select the whole workspace,
+# so they resolve the same features and build nothing the first did not.)
+run_tests() {
+  local ui_log ui rc=0 ui_rc=0
+  ui_log=$(mktemp)
+  CARGO_BUILD_JOBS=1 cargo test --workspace --all-features --test ui >"$ui_log" 2>&1 &
+  ui=$!
+  cargo test --workspace --all-features --exclude outbox-ui-tests || rc=$?
+  wait "$ui" || ui_rc=$?
+  log "UI tests (run beside the others)"
+  cat "$ui_log"
+  rm -f "$ui_log"
+  [ "$rc" -eq 0 ] && [ "$ui_rc" -eq 0 ]
+}
+step "cargo test (build)" cargo test --workspace --all-features --no-run
+step "cargo test" run_tests
 # Every example, schema_evolution among them, from the build the tests made (all features): a
 # run with other features would compile Diesel and the crates above it once more.
 step "examples (scripts/examples.sh)" ./scripts/examples.sh
