@@ -28,6 +28,11 @@ apt_install() {
 
 # --- build dependencies: a C toolchain, libpq, the MariaDB/MySQL client library -------------
 apt_install gcc make pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat
+# cargo-nextest runs the tests (see below); installed from crates.io where it is missing.
+if ! cargo nextest --version >/dev/null 2>&1; then
+  log "installing cargo-nextest"
+  cargo install --locked cargo-nextest
+fi
 
 # --- PostgreSQL ------------------------------------------------------------------------------
 start_postgres() {
@@ -104,26 +109,37 @@ step() {
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "packaged files (scripts/package-check.sh)" ./scripts/package-check.sh
-# The UI tests compile (trybuild builds their dependencies and every case itself) while the
-# other tests mostly wait on databases and brokers: after one build of every test, the two run
-# side by side, the UI tests' compiler on one core. (cargo holds its build lock only while it
-# builds, so the two invocations do not wait for each other; both select the whole workspace,
-# so they resolve the same features and build nothing the first did not.)
+# One build of every test target; then the tests run side by side, since they mostly wait on
+# databases and brokers: cargo-nextest runs the test binaries' tests in parallel across
+# binaries (.config/nextest.toml: how many at once, the slowest first), while beside it the UI
+# tests compile (trybuild builds their dependencies and every case itself), the
+# doc tests run, and so do the examples. (cargo holds its build lock only while it builds, and
+# every invocation selects the whole workspace with all features, so they resolve the same
+# features and build nothing the first did not.)
+beside() { # beside NAME CMD...: runs CMD in the background, its output to a log
+  local name=$1 log
+  shift
+  log=$(mktemp)
+  ( t0=$SECONDS; rc=0; "$@" >"$log" 2>&1 || rc=$?; printf '    (%s: %ss, rc %s)\n' "$name" "$((SECONDS - t0))" "$rc" >>"$log"; exit "$rc" ) &
+  pids+=("$!"); names+=("$name"); logs+=("$log")
+}
 run_tests() {
-  local ui_log ui rc=0 ui_rc=0
-  ui_log=$(mktemp)
-  CARGO_BUILD_JOBS=1 cargo test --workspace --all-features --test ui >"$ui_log" 2>&1 &
-  ui=$!
-  cargo test --workspace --all-features --exclude outbox-ui-tests || rc=$?
-  wait "$ui" || ui_rc=$?
-  log "UI tests (run beside the others)"
-  cat "$ui_log"
-  rm -f "$ui_log"
-  [ "$rc" -eq 0 ] && [ "$ui_rc" -eq 0 ]
+  local pids=() names=() logs=() rc=0 i
+  # The compilers run at a lower priority: they take the cores the tests leave idle, and the
+  # tests that bound a duration do not wait behind them.
+  beside "UI tests" nice -n 10 cargo test --workspace --all-features --test ui
+  beside "doc tests" nice -n 10 cargo test --workspace --all-features --doc
+  # Every example, schema_evolution among them, from the build the tests made (all features).
+  beside "examples (scripts/examples.sh)" ./scripts/examples.sh
+  cargo nextest run --workspace --all-features -E 'not package(outbox-ui-tests)' || rc=$?
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || rc=$?
+    log "${names[$i]} (run beside the others)"
+    cat "${logs[$i]}"
+    rm -f "${logs[$i]}"
+  done
+  return "$rc"
 }
 step "cargo test (build)" cargo test --workspace --all-features --no-run
-step "cargo test" run_tests
-# Every example, schema_evolution among them, from the build the tests made (all features): a
-# run with other features would compile Diesel and the crates above it once more.
-step "examples (scripts/examples.sh)" ./scripts/examples.sh
+step "tests (cargo nextest, UI, doc tests, examples)" run_tests
 log "all checks and tests passed in $((SECONDS - started))s"
