@@ -15,7 +15,7 @@ mod window;
 use super::stats::RelayStats;
 use super::{Claim, ConfigError, Mode, Publisher, RelayConfig, RelayState, RelayStore};
 use tracing::Instrument;
-use window::{InFlight, Window};
+use window::{InFlight, Overlap, Window};
 
 use crate::backoff::SplitMix;
 
@@ -99,6 +99,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         // Consecutive outage waits for the broker (0: the broker is fine).
         let mut broker_outage = 0u32;
         let mut window = Window::default();
+        let mut overlap = Overlap::default();
         // Until then, an empty claim is retried every `WAKE_RECHECK` (see `wake_window`).
         let mut wake_until = Instant::now();
         self.stats.active.store(active, Ordering::Relaxed);
@@ -189,6 +190,16 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 }
             }
 
+            // Ordered modes: claim beside the batches in flight only while that finds rows
+            // (see `Overlap`); else settle them first.
+            let ordered = self.config.mode != Mode::Unordered;
+            if ordered && !window.is_empty() && !overlap.allowed() {
+                if let Some(wait) = self.settle_ready(&mut window, 0, &mut broker_outage).await {
+                    sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
+                    continue;
+                }
+            }
+            let overlapped = ordered && !window.is_empty();
             // Settling may have waited for a publish: look at shutdown again, so that nothing
             // is claimed once it was asked for.
             tokio::select! {
@@ -219,22 +230,13 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 }
             };
             outage = 0;
+            if overlapped {
+                overlap.claimed(!batch.is_empty());
+            }
             if batch.is_empty() {
-                let now = Instant::now();
-                if now < wake_until {
-                    // Inside the wake window: claim again shortly (or as soon as the oldest
-                    // batch in flight is published, to settle it).
-                    let recheck = WAKE_RECHECK.min(wake_until - now);
-                    if window.is_empty() {
-                        tokio::select! {
-                            _ = &mut shutdown => stopping = true,
-                            _ = self.store.wait_for_work(recheck) => {}
-                        }
-                    } else {
-                        window.wait_oldest(recheck).await;
-                    }
-                } else if !window.is_empty() {
-                    // Nothing new: settle the oldest batch in flight, then claim again.
+                if !window.is_empty() {
+                    // Nothing claimable beside the batches in flight: settle the oldest (its
+                    // aggregates may hold back what is pending), then claim again.
                     let in_flight = window.len();
                     if let Some(wait) = self
                         .settle_ready(&mut window, in_flight, &mut broker_outage)
@@ -242,17 +244,24 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                     {
                         sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
                     }
+                    continue;
+                }
+                let now = Instant::now();
+                // Inside the wake window claim again shortly, else wait for a notification
+                // or the poll interval.
+                let wait = if now < wake_until {
+                    WAKE_RECHECK.min(wake_until - now)
                 } else {
-                    let poll = self.config.poll_interval;
-                    tokio::select! {
-                        _ = &mut shutdown => stopping = true,
-                        _ = self.store.wait_for_work(poll) => {
-                            // Woken before the poll interval (a notification): writers notify
-                            // at most once per throttle interval, so the commits that follow
-                            // this one within it wake nobody; look for them every few ms.
-                            if now.elapsed() < poll {
-                                wake_until = Instant::now() + self.config.wake_window;
-                            }
+                    self.config.poll_interval
+                };
+                tokio::select! {
+                    _ = &mut shutdown => stopping = true,
+                    _ = self.store.wait_for_work(wait) => {
+                        // Woken before the poll interval (a notification): writers notify
+                        // at most once per throttle interval, so the commits that follow
+                        // this one within it wake nobody; look for them every few ms.
+                        if wait == self.config.poll_interval && now.elapsed() < wait {
+                            wake_until = Instant::now() + self.config.wake_window;
                         }
                     }
                 }

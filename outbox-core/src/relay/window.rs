@@ -20,11 +20,7 @@ pub(super) struct InFlight {
     /// When it was claimed: its lease runs out a lease later.
     pub(super) claimed: Instant,
     publish: JoinHandle<Vec<Delivery>>,
-    /// The publish's result, once taken from `publish` by [`Window::wait_oldest`].
-    joined: Option<Joined>,
 }
-
-type Joined = Result<Vec<Delivery>, tokio::task::JoinError>;
 
 /// The batches in flight, oldest first. Dropping it (the relay's future dropped without a
 /// graceful shutdown) aborts their publishes, as dropping a sequential publish would.
@@ -52,29 +48,56 @@ impl Window {
 
     /// The oldest batch, if its publish has finished.
     pub(super) fn pop_finished(&mut self) -> Option<InFlight> {
-        let oldest = self.batches.front()?;
-        if oldest.joined.is_some() || oldest.publish.is_finished() {
+        if self.batches.front()?.publish.is_finished() {
             self.batches.pop_front()
         } else {
             None
         }
     }
 
-    /// Waits until the oldest batch's publish finishes, or `timeout`.
-    pub(super) async fn wait_oldest(&mut self, timeout: Duration) {
-        let Some(oldest) = self.batches.front_mut() else {
-            return;
-        };
-        if oldest.joined.is_some() {
-            return;
-        }
-        if let Ok(joined) = tokio::time::timeout(timeout, &mut oldest.publish).await {
-            oldest.joined = Some(joined);
+    pub(super) fn pop_oldest(&mut self) -> Option<InFlight> {
+        self.batches.pop_front()
+    }
+}
+
+/// Whether an ordered relay claims while batches are in flight.
+///
+/// A claimed, unsettled event holds back the later events of its aggregate (that is what
+/// keeps the order), so a claim made beside the batches in flight finds only aggregates that
+/// are not in them. Where a batch holds an event of every aggregate with pending events, it
+/// finds nothing, after the head-of-line check of every pending row: measured with the
+/// benchmark's backlog (1,000 aggregates, batch 1,000), claiming beside the batch in flight
+/// halved the null-publisher drain (sharded, 1 relay: 4,400–4,800 events/s one batch at a
+/// time, 1,900–2,500 claiming beside it in the same period); with this rule it drained at
+/// 6,900–9,400 events/s against the sequential loop's 7,600–8,600 in the same period. So after a claim beside batches in flight that found nothing, the relay settles what is
+/// in flight before each of its next claims, for 1, 2, 4, … up to 32 claims while it keeps
+/// happening; a claim beside batches in flight that found rows resets it.
+#[derive(Default)]
+pub(super) struct Overlap {
+    /// Claims to make with nothing in flight after the last fruitless one.
+    skip: u32,
+    left: u32,
+}
+
+impl Overlap {
+    /// Whether the next claim may be made beside batches in flight.
+    pub(super) fn allowed(&mut self) -> bool {
+        if self.left == 0 {
+            true
+        } else {
+            self.left -= 1;
+            false
         }
     }
 
-    pub(super) fn pop_oldest(&mut self) -> Option<InFlight> {
-        self.batches.pop_front()
+    /// A claim beside batches in flight found rows (`true`) or nothing.
+    pub(super) fn claimed(&mut self, found: bool) {
+        if found {
+            self.skip = 0;
+        } else {
+            self.skip = (self.skip * 2).clamp(1, 32);
+            self.left = self.skip;
+        }
     }
 }
 
@@ -114,7 +137,6 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             span,
             claimed,
             publish,
-            joined: None,
         });
     }
 
@@ -123,14 +145,10 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
     /// publish to an unreachable broker lasts until librdkafka's message timeout).
     pub(super) async fn outcome(&mut self, batch: &mut InFlight) -> Vec<Delivery> {
         let every: Duration = self.liveness_every();
-        let joined = if let Some(joined) = batch.joined.take() {
-            joined
-        } else {
-            loop {
-                tokio::select! {
-                    joined = &mut batch.publish => break joined,
-                    () = tokio::time::sleep(every) => self.report_unreachable_broker().await,
-                }
+        let joined = loop {
+            tokio::select! {
+                joined = &mut batch.publish => break joined,
+                () = tokio::time::sleep(every) => self.report_unreachable_broker().await,
             }
         };
         match joined {
