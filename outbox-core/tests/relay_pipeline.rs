@@ -77,6 +77,16 @@ fn fill(store: &MemoryStore) {
     }
 }
 
+/// After an ordered relay's first claims (it claims one batch at a time for its first 32,
+/// see `RelayConfig::max_in_flight`), made on events of other aggregates published through
+/// the open gate, the last one not full (so that the relay has caught up, not met a backlog
+/// it cannot reach): closes the gate and forgets what was seen.
+fn warm_up(gated: &Gated, open: &tokio::sync::watch::Sender<bool>) {
+    open.send(false).unwrap();
+    gated.started.lock().unwrap().clear();
+    gated.most_in_flight.store(0, Ordering::SeqCst);
+}
+
 async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let start = tokio::time::Instant::now();
     while !done() {
@@ -96,14 +106,37 @@ async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 async fn batches_are_claimed_while_one_is_in_flight() {
     for max_in_flight in [3, 1] {
         let store = MemoryStore::default();
+        // The measured events, held by another relay's lease while the relay warms up.
         fill(&store);
+        let mut other = store.clone();
+        let held: Vec<i64> = other
+            .claim(&Claim {
+                relay: "other",
+                limit: 100,
+                lease: Duration::from_secs(60),
+                order: ClaimOrder::Unordered,
+            })
+            .await
+            .unwrap()
+            .iter()
+            .map(|m| m.seq)
+            .collect();
+        assert_eq!(held.len(), 15);
+        for i in 0..81 {
+            store.insert(test_message("warm-up", &i.to_string(), "W"));
+        }
         let broker = Arc::new(MemoryBroker::new());
         let (gated, open) = Gated::new(broker.clone());
+        open.send(true).unwrap();
         let relay = Relay::new(store.clone(), gated.clone(), config(max_in_flight)).unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let handle = tokio::spawn(relay.run(async move {
             let _ = stopped.await;
         }));
+        wait_until("warmed up", || store.pending() == 15).await;
+        warm_up(&gated, &open);
+        // All at once: the relay finds them together.
+        other.release("other", &held).await.unwrap();
 
         wait_until("the window is full", || {
             gated.in_flight.load(Ordering::SeqCst) == max_in_flight
@@ -157,7 +190,9 @@ async fn shutdown_settles_every_batch_in_flight() {
     fill(&store);
     let broker = Arc::new(MemoryBroker::new());
     let (gated, open) = Gated::new(broker.clone());
-    let relay = Relay::new(store.clone(), gated.clone(), config(3)).unwrap();
+    let mut config = config(3);
+    config.mode = Mode::Unordered;
+    let relay = Relay::new(store.clone(), gated.clone(), config).unwrap();
     let stats = relay.stats();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let mut handle = tokio::spawn(relay.run(async move {
@@ -201,6 +236,7 @@ async fn an_outage_sends_the_whole_window_back() {
     broker.set_available(false);
     let (gated, open) = Gated::new(broker.clone());
     let mut config = config(3);
+    config.mode = Mode::Unordered;
     config.max_attempts = 1; // an attempt counted would dead-letter
     let relay = Relay::new(store.clone(), gated.clone(), config).unwrap();
     let stats = relay.stats();

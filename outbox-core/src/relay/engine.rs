@@ -20,9 +20,10 @@ use window::{InFlight, Overlap, Window};
 use crate::backoff::SplitMix;
 
 /// How often an empty outbox is claimed from again inside the wake window
-/// ([`RelayConfig::wake_window`]). An empty ordered claim costs PostgreSQL well under a
-/// millisecond (two index probes), and at 2 ms an event that committed without a
-/// notification waits 1 ms on average for its claim.
+/// ([`RelayConfig::wake_window`]): an event that committed without a notification waits at
+/// most this long (half on average) for its claim. The re-checks follow activity only (a
+/// claim that found rows, a notification), so an idle relay still claims once per poll
+/// interval; after each burst it claims up to `wake_window / WAKE_RECHECK` (75) more times.
 const WAKE_RECHECK: Duration = Duration::from_millis(2);
 
 /// A relay: claims batches from a [`RelayStore`], publishes them with a [`Publisher`]
@@ -193,11 +194,13 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             // Ordered modes: claim beside the batches in flight only while that finds rows
             // (see `Overlap`); else settle them first.
             let ordered = self.config.mode != Mode::Unordered;
-            if ordered && !window.is_empty() && !overlap.allowed() {
-                if let Some(wait) = self.settle_ready(&mut window, 0, &mut broker_outage).await {
-                    sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
-                    continue;
-                }
+            if ordered
+                && !overlap.allowed()
+                && !window.is_empty()
+                && let Some(wait) = self.settle_ready(&mut window, 0, &mut broker_outage).await
+            {
+                sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
+                continue;
             }
             let overlapped = ordered && !window.is_empty();
             // Settling may have waited for a publish: look at shutdown again, so that nothing
@@ -230,8 +233,8 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 }
             };
             outage = 0;
-            if overlapped {
-                overlap.claimed(!batch.is_empty());
+            if ordered {
+                overlap.claimed(overlapped, batch.len(), claim.limit);
             }
             if batch.is_empty() {
                 if !window.is_empty() {

@@ -68,19 +68,36 @@ impl Window {
 /// finds nothing, after the head-of-line check of every pending row: measured with the
 /// benchmark's backlog (1,000 aggregates, batch 1,000), claiming beside the batch in flight
 /// halved the null-publisher drain (sharded, 1 relay: 4,400–4,800 events/s one batch at a
-/// time, 1,900–2,500 claiming beside it in the same period); with this rule it drained at
-/// 6,900–9,400 events/s against the sequential loop's 7,600–8,600 in the same period. So after a claim beside batches in flight that found nothing, the relay settles what is
-/// in flight before each of its next claims, for 1, 2, 4, … up to 32 claims while it keeps
-/// happening; a claim beside batches in flight that found rows resets it.
-#[derive(Default)]
+/// time, 1,900–2,500 claiming beside it in the same period), and backing off from it by
+/// doubling (1, 2, 4, … claims) still cost 15–20 % of a 20-batch drain against the SQL
+/// ceiling (74 % → 57–58 %), and even one such claim at the start of a 20-batch drain kept it
+/// at 49–54 %. So an ordered relay starts with one batch at a time for its first 32 claims;
+/// then it claims beside the batches in flight, until such a claim finds nothing while the
+/// claim before it was full (a backlog it cannot reach: the next 32 claims are made with
+/// nothing in flight again). An empty claim beside batches in flight with no backlog (the
+/// relay has caught up) costs little and changes nothing.
 pub(super) struct Overlap {
-    /// Claims to make with nothing in flight after the last fruitless one.
-    skip: u32,
+    /// Claims still to make with nothing in flight.
     left: u32,
+    /// Whether the last claim was full.
+    backlog: bool,
+}
+
+/// How many claims are made with nothing in flight, at first and after a fruitless claim
+/// beside batches in flight.
+const SKIP: u32 = 32;
+
+impl Default for Overlap {
+    fn default() -> Self {
+        Overlap {
+            left: SKIP,
+            backlog: false,
+        }
+    }
 }
 
 impl Overlap {
-    /// Whether the next claim may be made beside batches in flight.
+    /// Whether the next claim may be made beside batches in flight; counts the claim.
     pub(super) fn allowed(&mut self) -> bool {
         if self.left == 0 {
             true
@@ -90,14 +107,12 @@ impl Overlap {
         }
     }
 
-    /// A claim beside batches in flight found rows (`true`) or nothing.
-    pub(super) fn claimed(&mut self, found: bool) {
-        if found {
-            self.skip = 0;
-        } else {
-            self.skip = (self.skip * 2).clamp(1, 32);
-            self.left = self.skip;
+    /// A claim (beside batches in flight: `overlapped`) returned `rows` of at most `limit`.
+    pub(super) fn claimed(&mut self, overlapped: bool, rows: usize, limit: usize) {
+        if overlapped && rows == 0 && self.backlog {
+            self.left = SKIP;
         }
+        self.backlog = rows >= limit;
     }
 }
 
