@@ -139,9 +139,14 @@ pub struct RelayConfig {
     ///
     /// Order is kept whatever the value: in the ordered modes a claimed, unsettled event holds
     /// back the later events of its aggregate in every store's claim, so two batches in
-    /// flight never share an aggregate. Batches are settled in claim order; the rows held in
-    /// memory are at most `max_in_flight × batch_size`. After a broker outage the relay probes
-    /// with one batch at a time until a batch goes through.
+    /// flight never share an aggregate. So a claim beside the batches in flight finds only
+    /// aggregates that are not in them, which pays where aggregates are many; where a batch
+    /// holds every aggregate with pending events it finds nothing, at the cost of a scan of
+    /// the backlog. An ordered relay therefore starts with one batch at a time for its first
+    /// 32 claims, then claims beside the batches in flight until such a claim finds nothing
+    /// behind a full one (then one batch at a time for 32 claims again). Batches are settled
+    /// in claim order; the rows held in memory are at most `max_in_flight × batch_size`. After
+    /// a broker outage the relay probes with one batch at a time until a batch goes through.
     pub max_in_flight: usize,
     /// How long the relay keeps looking for new rows every few milliseconds after a claim
     /// that found rows or a wake-up (a notification), before it falls back to waiting
