@@ -43,10 +43,12 @@ const DEFAULTS: [(&str, &str); 8] = [
     // largest fixed part of COMMIT → broker ack (the relay's own wait for a claim is at most
     // its 2 ms wake re-check; then a claim of about 1 ms, the linger, the broker's round trip
     // with `acks=all`). The relay hands librdkafka a whole batch at once, so lingering gathers
-    // little more. Measured side by side (quick benchmark, 1 relay, noida-db, a machine at
-    // load 8–15): median latency at 1,000 events/s 12 ms with 1 ms against 15–18 ms with
-    // 5 ms; the Kafka drain at batch 1,000 at 0.83–1.19 of the null-publisher drain with 1 ms
-    // against 0.55–0.84 with 5 ms.
+    // little more. Measured side by side, same build otherwise (quick benchmark, 1 relay,
+    // noida-db, a shared machine at load 8–15, two latency runs and one drain run each): median
+    // latency at 1,000 events/s 12–15 ms with 1 ms against 15–19 ms with 5 ms; the Kafka drain
+    // at batch 1,000 at 0.83–1.19 of the same run's null-publisher drain with 1 ms against
+    // 0.55–0.84 with 5 ms. On that machine the rest of the median was the machine itself
+    // (the benchmark's writers ran up to 100–1,000 ms behind their schedule).
     ("linger.ms", "1"),
 ];
 
