@@ -279,3 +279,42 @@ async fn an_outage_sends_the_whole_window_back() {
     );
     assert_eq!(broker.records("order").len(), 15);
 }
+
+/// After a claim that found rows, the relay looks again every few milliseconds for its wake
+/// window, so an event committed inside it (whose notification a writer's throttle may have
+/// dropped) is published at once, not after the poll interval; after the window the relay
+/// waits for the poll interval (or a notification; the in-memory store has none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_inside_the_wake_window_does_not_wait_a_poll_interval() {
+    let store = MemoryStore::default();
+    store.insert(test_message("order", "1", "First"));
+    let broker = Arc::new(MemoryBroker::new());
+    let config = RelayConfig {
+        relay_id: "wake".into(),
+        poll_interval: Duration::from_secs(3),
+        wake_window: Duration::from_millis(300),
+        ..RelayConfig::default()
+    };
+    let relay = Relay::new(store.clone(), broker.clone(), config).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+    wait_until("the first event", || store.is_drained()).await;
+
+    // Inside the window: published within milliseconds.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    store.insert(test_message("order", "2", "Second"));
+    let inserted = tokio::time::Instant::now();
+    wait_until("the second event", || store.is_drained()).await;
+    let took = inserted.elapsed();
+    assert!(took < Duration::from_millis(250), "{took:?}");
+
+    // Long after the window: the relay waits for its poll interval.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    store.insert(test_message("order", "3", "Third"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!store.is_drained(), "claimed before the poll interval");
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+}
