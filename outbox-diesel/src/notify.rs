@@ -6,8 +6,12 @@
 //! notifying transactions on one global lock, so a `NOTIFY` in *every* transaction cut write
 //! throughput by more than half on the machine we measured (16 writers, `synchronous_commit`
 //! on). Hence the throttle: by default at most one notifying transaction per 100 ms per
-//! process; the relay's polling covers the rest (and a relay that drew a full batch claims
-//! again at once).
+//! process. A commit inside the window wakes nobody, so the relay does not rely on a
+//! notification per commit: after a notification or a claim that found rows it claims again
+//! every few milliseconds for its `RelayConfig::wake_window` (150 ms by default, longer than
+//! this throttle), and only then falls back to its poll interval; no committed event waits a
+//! poll interval because its notification was throttled away (unless its transaction ran
+//! longer than the wake window's margin between its notification decision and its commit).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -89,6 +89,10 @@ struct RelayArgs {
     /// Events per claim.
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 500)]
     batch_size: usize,
+    /// Batches in flight at once: the next ones are claimed and the previous ones settled
+    /// while one is published (1: one batch at a time).
+    #[arg(long, env = "OUTBOX_MAX_IN_FLIGHT", default_value_t = 4)]
+    max_in_flight: usize,
     /// Milliseconds between polls of an empty outbox (PostgreSQL's NOTIFY wakes earlier).
     #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", default_value_t = 500)]
     poll_interval: u64,
@@ -349,6 +353,7 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
         lease,
         publish_timeout,
         max_attempts: args.max_attempts,
+        max_in_flight: args.max_in_flight,
         completion: if args.delete_published {
             Completion::Delete
         } else {

@@ -124,6 +124,12 @@ fn bad_numbers_are_refused_naming_flag_and_variable() {
             "--batch-size / OUTBOX_BATCH_SIZE must be between 1 and 10000, got 0",
         ),
         (
+            "--max-in-flight",
+            "OUTBOX_MAX_IN_FLIGHT",
+            "65",
+            "--max-in-flight / OUTBOX_MAX_IN_FLIGHT must be between 1 and 64, got 65",
+        ),
+        (
             "--poll-interval",
             "OUTBOX_POLL_INTERVAL_MS",
             "0",

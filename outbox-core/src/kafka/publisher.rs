@@ -360,12 +360,12 @@ impl Publisher for KafkaPublisher {
         }
 
         let report_deadline = Instant::now() + self.message_timeout + REPORT_GRACE;
-        self.watch.awaiting(true);
+        let awaiting = self.watch.awaiting_reports();
         for (i, topic, delivery) in pending {
             let report = await_report(&producer, delivery, report_deadline).await;
             outcomes[i] = Some(self.outcome(&topic, report));
         }
-        self.watch.awaiting(false);
+        drop(awaiting);
 
         let mut outcomes: Vec<Delivery> = outcomes
             .into_iter()

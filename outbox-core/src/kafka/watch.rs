@@ -29,8 +29,10 @@ pub(crate) struct BrokerWatch {
     /// The producer's `bootstrap.servers`, named in every outage reason.
     brokers: String,
     down: Mutex<Option<String>>,
-    /// While a publish awaits reports: since when without an acknowledgement.
+    /// While publishes await reports: since when without an acknowledgement.
     silent_since: Mutex<Option<Instant>>,
+    /// How many publishes await reports (the relay has several batches in flight).
+    awaiting: Mutex<usize>,
 }
 
 impl BrokerWatch {
@@ -89,12 +91,32 @@ impl BrokerWatch {
         })
     }
 
-    /// A publish starts (`true`) or ends (`false`) awaiting delivery reports.
+    /// A publish starts (`true`) or ends (`false`) awaiting delivery reports. The silence is
+    /// timed from the first of several concurrent publishes, and ends with the last.
     pub(crate) fn awaiting(&self, awaiting: bool) {
-        *self
+        let mut count = self.awaiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut silent = self
             .silent_since
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = awaiting.then(Instant::now);
+            .unwrap_or_else(PoisonError::into_inner);
+        if awaiting {
+            *count += 1;
+            if *count == 1 {
+                *silent = Some(Instant::now());
+            }
+        } else {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                *silent = None;
+            }
+        }
+    }
+
+    /// A publish awaits delivery reports until the guard is dropped (also when the publish
+    /// is cancelled, e.g. by the relay's publish timeout).
+    pub(crate) fn awaiting_reports(&self) -> AwaitingReports<'_> {
+        self.awaiting(true);
+        AwaitingReports(self)
     }
 
     /// A broker acknowledged a message: it is reachable again. (librdkafka reports when the
@@ -117,6 +139,15 @@ impl BrokerWatch {
     fn all_down(&self, reason: &str) {
         let reason = format!("no Kafka broker reachable{}: {reason}", self.at());
         *self.down.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+    }
+}
+
+/// See [`BrokerWatch::awaiting_reports`].
+pub(crate) struct AwaitingReports<'a>(&'a BrokerWatch);
+
+impl Drop for AwaitingReports<'_> {
+    fn drop(&mut self) {
+        self.0.awaiting(false);
     }
 }
 
@@ -210,5 +241,20 @@ mod tests {
         *watch.silent_since.lock().unwrap() = Some(Instant::now() - SILENCE);
         watch.awaiting(false);
         assert_eq!(watch.down(), None, "no publish in flight: nothing to say");
+    }
+
+    #[test]
+    fn silence_lasts_while_any_of_several_publishes_awaits_reports() {
+        let watch = BrokerWatch::default();
+        watch.awaiting(true);
+        watch.awaiting(true);
+        *watch.silent_since.lock().unwrap() = Some(Instant::now() - SILENCE);
+        watch.awaiting(false);
+        assert!(
+            watch.down().is_some(),
+            "one publish still awaits its reports: the silence goes on"
+        );
+        watch.awaiting(false);
+        assert_eq!(watch.down(), None);
     }
 }

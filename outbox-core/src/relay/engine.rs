@@ -5,17 +5,26 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+#[path = "liveness.rs"]
+mod liveness;
 #[path = "settle.rs"]
 mod settle;
+#[path = "window.rs"]
+mod window;
 
 use super::stats::RelayStats;
-use super::{
-    Claim, ClaimOrder, ConfigError, DeadLetterPolicy, Delivery, Mode, Publisher, RelayConfig,
-    RelayHealth, RelayState, RelayStore, StoreError,
-};
+use super::{Claim, ConfigError, Mode, Publisher, RelayConfig, RelayState, RelayStore};
 use tracing::Instrument;
+use window::{InFlight, Overlap, Window};
 
 use crate::backoff::SplitMix;
+
+/// How often an empty outbox is claimed from again inside the wake window
+/// ([`RelayConfig::wake_window`]): an event that committed without a notification waits at
+/// most this long (half on average) for its claim. The re-checks follow activity only (a
+/// claim that found rows, a notification), so an idle relay still claims once per poll
+/// interval; after each burst it claims up to `wake_window / WAKE_RECHECK` (75) more times.
+const WAKE_RECHECK: Duration = Duration::from_millis(2);
 
 /// A relay: claims batches from a [`RelayStore`], publishes them with a [`Publisher`]
 /// outside any transaction, and settles each message (published, retry later, dead letter,
@@ -38,7 +47,8 @@ use crate::backoff::SplitMix;
 /// ```
 pub struct Relay<S, P> {
     store: S,
-    publisher: P,
+    /// Shared with the tasks that publish the batches in flight.
+    publisher: Arc<P>,
     config: RelayConfig,
     stats: Arc<RelayStats>,
     rng: SplitMix,
@@ -56,7 +66,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         config.validate()?;
         Ok(Relay {
             store,
-            publisher,
+            publisher: Arc::new(publisher),
             config,
             stats: Arc::default(),
             rng: SplitMix::seeded(),
@@ -71,9 +81,14 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         self.stats.clone()
     }
 
-    /// Runs until `shutdown` completes, then finishes the batch in flight, gives up its
-    /// leases (shards, leadership, rows) and returns. Database and broker outages are
-    /// retried with backoff forever: the relay recovers on its own.
+    /// Runs until `shutdown` completes, then finishes every batch in flight (its publish and
+    /// settle), gives up its leases (shards, leadership, rows) and returns. Database and
+    /// broker outages are retried with backoff forever: the relay recovers on its own.
+    ///
+    /// Up to [`max_in_flight`](RelayConfig::max_in_flight) batches are in flight: their
+    /// publishes run as tasks of their own while this loop does the database's work on the
+    /// one store connection, one statement at a time (claim, settle, heartbeat, ownership),
+    /// and settles the batches in claim order as their publishes finish.
     pub async fn run(mut self, shutdown: impl Future<Output = ()> + Send) {
         let mut shutdown = pin!(shutdown);
         let mut stopping = false;
@@ -82,8 +97,12 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         let mut active = self.config.mode == Mode::Unordered;
         let mut next_cleanup = Instant::now();
         let mut next_liveness = Instant::now();
-        // Consecutive batches that met a broker outage (0: the broker is fine).
+        // Consecutive outage waits for the broker (0: the broker is fine).
         let mut broker_outage = 0u32;
+        let mut window = Window::default();
+        let mut overlap = Overlap::default();
+        // Until then, an empty claim is retried every `WAKE_RECHECK` (see `wake_window`).
+        let mut wake_until = Instant::now();
         self.stats.active.store(active, Ordering::Relaxed);
         tracing::info!(relay = %self.config.relay_id, mode = ?self.config.mode, "relay started");
 
@@ -95,9 +114,28 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 _ = std::future::ready(()) => {}
             }
 
+            // Settle the batches whose publish has finished, oldest first, and make room in a
+            // full window. After a broker outage the relay probes with one batch at a time.
+            let limit = if broker_outage > 0 {
+                1
+            } else {
+                self.config.max_in_flight
+            };
+            if let Some(wait) = self
+                .settle_ready(&mut window, limit, &mut broker_outage)
+                .await
+            {
+                sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
+                continue;
+            }
+
             let state = if !active {
                 RelayState::Standby
             } else if broker_outage > 0 {
+                RelayState::WaitingForBroker
+            } else if let Some(error) = self.publisher.unavailable().filter(|_| !window.is_empty())
+            {
+                self.last_error = Some(error);
                 RelayState::WaitingForBroker
             } else {
                 RelayState::Running
@@ -122,30 +160,22 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                         }
                         active = now_active;
                         self.stats.active.store(active, Ordering::Relaxed);
-                        // Sharded relays rebalance on the liveness cadence (a second by
-                        // default): a peer that dies or joins changes everyone's fair share, and
-                        // shards a reap frees beyond the reaper's own share would otherwise wait
-                        // for the others' renewal, a third of a lease (measured in the SIGKILL
-                        // storm: 20 shards without an owner for 9 s after kills, while a relay
-                        // sat below its new share). Leader mode: the leader renews every third
-                        // of a lease, standbys look every tenth, so a dead leader's work moves
-                        // on soon after its lease ends (or at once, when its session is reaped).
-                        let every = match self.config.mode {
-                            Mode::Sharded => self.liveness_every(),
-                            _ if active => self.config.lease / 3,
-                            _ => self.config.lease / 10,
-                        };
-                        next_ownership = Instant::now() + every;
+                        next_ownership = Instant::now() + self.ownership_every(active);
                     }
                     Err(e) => {
-                        self.outage_wait(&mut shutdown, &mut stopping, &mut outage, e)
-                            .await;
+                        let wait = self.outage_delay(&mut outage, &e);
+                        sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
                         continue;
                     }
                 }
             }
             if !active {
-                let wait = self.config.poll_interval.min(self.config.lease / 10);
+                // Nothing more to claim: the batches in flight (claimed while active, still
+                // leased by this relay) are settled first.
+                let wait = match self.settle_ready(&mut window, 0, &mut broker_outage).await {
+                    Some(wait) => wait,
+                    None => self.config.poll_interval.min(self.config.lease / 10),
+                };
                 sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
                 continue;
             }
@@ -161,34 +191,86 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 }
             }
 
+            // Ordered modes: claim beside the batches in flight only while that finds rows
+            // (see `Overlap`); else settle them first.
+            let ordered = self.config.mode != Mode::Unordered;
+            if ordered
+                && !overlap.allowed()
+                && !window.is_empty()
+                && let Some(wait) = self.settle_ready(&mut window, 0, &mut broker_outage).await
+            {
+                sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
+                continue;
+            }
+            let overlapped = ordered && !window.is_empty();
+            // Settling may have waited for a publish: look at shutdown again, so that nothing
+            // is claimed once it was asked for.
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => { stopping = true; continue; }
+                _ = std::future::ready(()) => {}
+            }
             let claim = Claim {
                 relay: &self.config.relay_id,
                 limit: self.config.batch_size,
                 lease: self.config.lease,
                 order: self.claim_order(),
             };
-            let started = Instant::now();
+            let claimed = Instant::now();
             let batch = match self.store.claim(&claim).await {
                 Ok(batch) => {
                     metrics::histogram!("outbox_relay_claim_duration_seconds")
-                        .record(started.elapsed());
+                        .record(claimed.elapsed());
                     self.stats.database_reached();
                     batch
                 }
                 Err(e) => {
-                    self.outage_wait(&mut shutdown, &mut stopping, &mut outage, e)
-                        .await;
+                    // The publishes in flight go on; their batches are settled once the
+                    // database answers again (within their lease, see `settle`).
+                    let wait = self.outage_delay(&mut outage, &e);
+                    sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
                     continue;
                 }
             };
             outage = 0;
+            if ordered {
+                overlap.claimed(overlapped, batch.len(), claim.limit);
+            }
             if batch.is_empty() {
+                if !window.is_empty() {
+                    // Nothing claimable beside the batches in flight: settle the oldest (its
+                    // aggregates may hold back what is pending), then claim again.
+                    let in_flight = window.len();
+                    if let Some(wait) = self
+                        .settle_ready(&mut window, in_flight, &mut broker_outage)
+                        .await
+                    {
+                        sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
+                    }
+                    continue;
+                }
+                let now = Instant::now();
+                // Inside the wake window claim again shortly, else wait for a notification
+                // or the poll interval.
+                let wait = if now < wake_until {
+                    WAKE_RECHECK.min(wake_until - now)
+                } else {
+                    self.config.poll_interval
+                };
                 tokio::select! {
                     _ = &mut shutdown => stopping = true,
-                    _ = self.store.wait_for_work(self.config.poll_interval) => {}
+                    _ = self.store.wait_for_work(wait) => {
+                        // Woken before the poll interval (a notification): writers notify
+                        // at most once per throttle interval, so the commits that follow
+                        // this one within it wake nobody; look for them every few ms.
+                        if wait == self.config.poll_interval && now.elapsed() < wait {
+                            wake_until = Instant::now() + self.config.wake_window;
+                        }
+                    }
                 }
                 continue;
             }
+            wake_until = Instant::now() + self.config.wake_window;
             RelayStats::add(
                 &self.stats.claimed,
                 "outbox_relay_claimed_total",
@@ -210,93 +292,12 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 fenced = tracing::field::Empty,
                 unavailable = tracing::field::Empty,
             );
-
-            // A publish that does not finish in time has an unknown outcome: an outage, not
-            // the events' fault. They go back and are published again (at least once).
-            let started = Instant::now();
-            let every = self.liveness_every();
-            let published = {
-                let publish = tokio::time::timeout(
-                    self.config.publish_timeout,
-                    self.publisher.publish(&batch).instrument(span.clone()),
-                );
-                let mut publish = pin!(publish);
-                loop {
-                    tokio::select! {
-                        published = &mut publish => break published,
-                        () = tokio::time::sleep(every) => {
-                            // A publish to an unreachable broker lasts until librdkafka's message
-                            // timeout: say meanwhile that the relay waits for the broker, if the
-                            // publisher knows it is unreachable.
-                            if let Some(error) = self.publisher.unavailable()
-                                && self.reported != Some(RelayState::WaitingForBroker)
-                                && heartbeat(
-                                    &mut self.store,
-                                    &self.config,
-                                    RelayState::WaitingForBroker,
-                                    Some(error.clone()),
-                                )
-                                .await
-                                .is_ok()
-                            {
-                                self.reported = Some(RelayState::WaitingForBroker);
-                                self.stats.database_reached();
-                                self.stats.waiting_for_broker.store(true, Ordering::Relaxed);
-                                self.last_error = Some(error);
-                            }
-                        }
-                    }
-                }
-            };
-            let deliveries = match published {
-                Ok(d) => d,
-                Err(_) => vec![
-                    Delivery::Unavailable(format!(
-                        "publish timed out after {:?}; the outcome is unknown",
-                        self.config.publish_timeout
-                    ));
-                    batch.len()
-                ],
-            };
-            metrics::histogram!("outbox_relay_publish_duration_seconds").record(started.elapsed());
-            let started = Instant::now();
-            let settled = self.settle(&batch, deliveries).instrument(span).await;
-            metrics::histogram!("outbox_relay_mark_duration_seconds").record(started.elapsed());
-            self.stats
-                .waiting_for_broker
-                .store(settled.is_some(), Ordering::Relaxed);
-            match settled {
-                Some(error) => {
-                    // The broker is unavailable: the batch went back whole (order kept, no
-                    // attempt counted); wait with the outage backoff, capped so delivery
-                    // resumes soon after the broker returns.
-                    broker_outage = broker_outage.saturating_add(1);
-                    RelayStats::add(
-                        &self.stats.broker_waits,
-                        "outbox_relay_broker_waits_total",
-                        1,
-                    );
-                    let wait = self
-                        .config
-                        .outage_backoff
-                        .delay(broker_outage, self.rng.unit());
-                    tracing::warn!(error = %error, retry_in = ?wait, "broker unavailable; waiting for it");
-                    self.last_error = Some(error);
-                    if self.reported != Some(RelayState::WaitingForBroker) {
-                        self.liveness(RelayState::WaitingForBroker).await;
-                    }
-                    sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
-                }
-                None => {
-                    if broker_outage > 0 {
-                        tracing::info!(batches = broker_outage, "broker available again");
-                    }
-                    broker_outage = 0;
-                }
-            }
+            self.start_publish(&mut window, batch, span, claimed);
         }
 
-        // Graceful shutdown: the batch in flight is settled; give up every lease.
+        // Graceful shutdown: every batch in flight is published and settled; then give up
+        // every lease.
+        self.settle_ready(&mut window, 0, &mut broker_outage).await;
         for attempt in 1..=3u32 {
             match self.store.release_all(&self.config.relay_id).await {
                 Ok(()) => break,
@@ -310,151 +311,74 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         tracing::info!(relay = %self.config.relay_id, "relay stopped");
     }
 
-    /// How often to heartbeat (and look for dead peers): `session_check`, but at least every
-    /// third of the lease.
-    fn liveness_every(&self) -> Duration {
-        let third = self.config.lease / 3;
-        self.config
-            .session_check
-            .map_or(third, |every| every.min(third))
-    }
-
-    /// Heartbeats this relay's health and, with session detection on, reaps dead peers.
-    /// Returns whether a peer was reaped (its shards or leadership are free now). Errors are
-    /// logged only: a database outage shows up (and is waited out) at the next claim.
-    async fn liveness(&mut self, state: RelayState) -> bool {
-        let relay = self.config.relay_id.as_str();
-        let last_error = self.last_error.clone();
-        match heartbeat(&mut self.store, &self.config, state, last_error).await {
-            Ok(()) => {
-                self.reported = Some(state);
-                self.stats.database_reached();
-                if self.id_conflict.take().is_some() {
-                    tracing::info!(relay = %relay, "relay id free again: the other relay with it is gone; working");
-                }
-            }
-            Err(e) => {
-                RelayStats::add(
-                    &self.stats.store_errors,
-                    "outbox_relay_store_errors_total",
-                    1,
-                );
-                match e.relay_id_in_use() {
-                    // A misconfiguration, not an outage: an error, once per change.
-                    Some(conflict) => {
-                        if self.id_conflict.as_deref() != Some(conflict.holder.as_str()) {
-                            tracing::error!(relay = %relay, error = %e, "relay id in use by another live relay; not working until it is gone");
-                            self.id_conflict = Some(conflict.holder.clone());
-                        }
-                    }
-                    None => tracing::warn!(error = %e, "heartbeat failed"),
-                }
-                return false;
-            }
-        }
-        if self.config.session_check.is_none() {
-            return false;
-        }
-        match self.store.reap_dead_relays(relay).await {
-            Ok(dead) if !dead.is_empty() => {
-                tracing::warn!(relay = %relay, reaped = ?dead, "replaced relays whose database session ended");
-                RelayStats::add(&self.stats.reaped, "outbox_relay_reaped_total", dead.len());
-                true
-            }
-            Ok(_) => false,
-            Err(e) => {
-                RelayStats::add(
-                    &self.stats.store_errors,
-                    "outbox_relay_store_errors_total",
-                    1,
-                );
-                tracing::warn!(error = %e, "looking for dead relays failed");
-                false
-            }
-        }
-    }
-
-    fn claim_order(&self) -> ClaimOrder {
-        let dead_letters_block = self.config.dead_letters == DeadLetterPolicy::Block;
-        match self.config.mode {
-            Mode::Unordered => ClaimOrder::Unordered,
-            Mode::Sharded => ClaimOrder::Ordered {
-                owned_shards_only: true,
-                leader_only: false,
-                dead_letters_block,
-            },
-            Mode::Leader => ClaimOrder::Ordered {
-                owned_shards_only: false,
-                leader_only: true,
-                dead_letters_block,
-            },
-        }
-    }
-
-    /// Renews (or takes) this relay's work; whether it now owns some.
-    async fn renew_ownership(&mut self) -> Result<bool, StoreError> {
-        let relay = &self.config.relay_id;
-        match self.config.mode {
-            Mode::Unordered => Ok(true),
-            Mode::Leader => {
-                self.store
-                    .acquire_leadership(relay, self.config.lease)
-                    .await
-            }
-            Mode::Sharded => {
-                let assignment = self
-                    .store
-                    .rebalance_shards(relay, self.config.lease)
-                    .await?;
-                self.stats
-                    .shards
-                    .store(assignment.owned.len() as u64, Ordering::Relaxed);
-                metrics::gauge!("outbox_relay_shards").set(assignment.owned.len() as f64);
-                Ok(!assignment.owned.is_empty())
-            }
-        }
-    }
-
-    async fn outage_wait(
+    /// Settles the batches in flight whose publish has finished, oldest first, and then,
+    /// waiting for their publishes, the oldest ones until fewer than `limit` are in flight
+    /// (`0`: all of them). If a batch met a broker outage, every other batch in flight is
+    /// settled too (each gives back what was not published, without costing an attempt) and
+    /// the outage backoff to wait is returned.
+    async fn settle_ready(
         &mut self,
-        shutdown: &mut std::pin::Pin<&mut (impl Future<Output = ()> + Send)>,
-        stopping: &mut bool,
-        outage: &mut u32,
-        error: StoreError,
-    ) {
-        *outage = outage.saturating_add(1);
-        RelayStats::add(
-            &self.stats.store_errors,
-            "outbox_relay_store_errors_total",
-            1,
-        );
-        let wait = self.config.outage_backoff.delay(*outage, self.rng.unit());
-        if error.relay_id_in_use().is_some() {
-            // Logged as an error by the heartbeat when it began; a reminder while it lasts.
-            tracing::warn!(error = %error, retry_in = ?wait, "relay id in use; waiting");
-        } else {
-            tracing::warn!(error = %error, retry_in = ?wait, "outbox store unavailable");
+        window: &mut Window,
+        limit: usize,
+        broker_outage: &mut u32,
+    ) -> Option<Duration> {
+        loop {
+            let next = match window.pop_finished() {
+                Some(batch) => batch,
+                None if window.len() >= limit.max(1) => window.pop_oldest()?,
+                None => return None,
+            };
+            let Some(mut error) = self.finish(next).await else {
+                if *broker_outage > 0 {
+                    tracing::info!(waits = *broker_outage, "broker available again");
+                }
+                *broker_outage = 0;
+                continue;
+            };
+            // The broker is unavailable: what the batches in flight did not publish goes
+            // back whole (order kept, no attempt counted); wait with the outage backoff,
+            // capped so delivery resumes soon after the broker returns.
+            while let Some(batch) = window.pop_oldest() {
+                if let Some(later) = self.finish(batch).await {
+                    error = later;
+                }
+            }
+            *broker_outage = broker_outage.saturating_add(1);
+            RelayStats::add(
+                &self.stats.broker_waits,
+                "outbox_relay_broker_waits_total",
+                1,
+            );
+            let wait = self
+                .config
+                .outage_backoff
+                .delay(*broker_outage, self.rng.unit());
+            tracing::warn!(error = %error, retry_in = ?wait, "broker unavailable; waiting for it");
+            self.stats.waiting_for_broker.store(true, Ordering::Relaxed);
+            self.last_error = Some(error);
+            if self.reported != Some(RelayState::WaitingForBroker) {
+                self.liveness(RelayState::WaitingForBroker).await;
+            }
+            return Some(wait);
         }
-        sleep_or_stop(shutdown, stopping, wait).await;
     }
-}
 
-/// Writes this relay's health row.
-async fn heartbeat<S: RelayStore>(
-    store: &mut S,
-    config: &RelayConfig,
-    state: RelayState,
-    last_error: Option<String>,
-) -> Result<(), StoreError> {
-    let health = RelayHealth {
-        mode: config.mode,
-        state,
-        last_error,
-        track_session: config.session_check.is_some(),
-    };
-    store
-        .heartbeat(&config.relay_id, config.lease, &health)
-        .await
+    /// Waits for the publish of `batch`, then settles it (within its lease). Returns the
+    /// broker's error if it was unavailable for any of its messages.
+    async fn finish(&mut self, mut batch: InFlight) -> Option<String> {
+        let deliveries = self.outcome(&mut batch).await;
+        let started = Instant::now();
+        let deadline = batch.claimed + self.config.lease;
+        let settled = self
+            .settle(&batch.batch, deliveries, deadline)
+            .instrument(batch.span)
+            .await;
+        metrics::histogram!("outbox_relay_mark_duration_seconds").record(started.elapsed());
+        self.stats
+            .waiting_for_broker
+            .store(settled.is_some(), Ordering::Relaxed);
+        settled
+    }
 }
 
 async fn sleep_or_stop(

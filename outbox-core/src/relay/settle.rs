@@ -32,14 +32,15 @@ macro_rules! retry_until {
 }
 
 impl<S: RelayStore, P: Publisher> Relay<S, P> {
-    /// Records each message's outcome. Store errors here are retried until the lease would
-    /// have run out; after that the rows return to the pool by lease expiry (and published
+    /// Records each message's outcome. Store errors here are retried until `deadline`, when
+    /// the batch's lease runs out; after that the rows return to the pool by lease expiry (and published
     /// ones are published again: at-least-once). Returns the first outage error if the broker
     /// was unavailable for any message of the batch.
     pub(super) async fn settle(
         &mut self,
         batch: &[OutboxMessage],
         mut deliveries: Vec<Delivery>,
+        deadline: Instant,
     ) -> Option<String> {
         if deliveries.len() != batch.len() {
             tracing::error!(
@@ -105,7 +106,6 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         let span = tracing::Span::current();
         span.record("unavailable", unavailable);
         let relay = self.config.relay_id.as_str();
-        let deadline = Instant::now() + self.config.lease;
         let completion = self.config.completion;
         if !published.is_empty()
             && let Some(n) = retry_until!(

@@ -40,6 +40,13 @@ pub(crate) fn check_relay_args(args: &RelayArgs) -> Result<(), Fatal> {
         "",
     )?;
     in_range(
+        "--max-in-flight / OUTBOX_MAX_IN_FLIGHT",
+        args.max_in_flight as u64,
+        1,
+        outbox::relay::MAX_IN_FLIGHT as u64,
+        "",
+    )?;
+    in_range(
         "--poll-interval / OUTBOX_POLL_INTERVAL_MS",
         args.poll_interval,
         1,
