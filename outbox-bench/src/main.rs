@@ -8,6 +8,7 @@ mod latency;
 mod peers;
 mod plot;
 mod scale;
+mod wal;
 mod write;
 
 use std::fmt::Write as _;
@@ -152,6 +153,9 @@ fn main() {
     }
     if on("latency") {
         latency::section(&ctx, &mut md);
+    }
+    if on("wal") {
+        wal::section(&ctx, &mut md);
     }
     drop(ctx);
     exec(&mut admin, &format!("DROP DATABASE {db} WITH (FORCE)"));

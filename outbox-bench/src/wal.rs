@@ -1,0 +1,482 @@
+//! WAL and disk per event: what a claim and a mark write, and what a drain leaves behind, on
+//! the schema of the migrations before `hot_claims` ("before") and on the current one
+//! ("after"), side by side in one run.
+//!
+//! Both run in a PostgreSQL cluster of the bench's own (`initdb` into a temporary directory,
+//! the server's defaults: autovacuum on, `full_page_writes` on), one database per schema, so
+//! that `pg_stat_wal` counts nothing but this section's statements (and autovacuum's work on
+//! them, which is part of the cost). Without `initdb` it falls back to the given server and
+//! says so. Each drain is the real `PgRelayStore`, claim then mark (`Completion::MarkPublished`)
+//! in a loop until a claim comes back empty (a null publisher); the variants and sizes run
+//! interleaved.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use diesel::sql_types::{Array, BigInt, Double, SmallInt, Text};
+use outbox::relay::{Claim, ClaimOrder, Completion, PgRelayStore, RelayStore};
+
+use crate::common::*;
+
+/// The migration this section compares against its absence.
+const HOT_CLAIMS: &str = "20261201000001";
+const RELAY: &str = "wal-bench";
+const BATCH: usize = 1000;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Schema {
+    Before,
+    After,
+}
+
+impl Schema {
+    fn name(self) -> &'static str {
+        match self {
+            Schema::Before => "before (migrations up to insert_defaults)",
+            Schema::After => "after (+ hot_claims)",
+        }
+    }
+    fn db(self) -> String {
+        let which = match self {
+            Schema::Before => "before",
+            Schema::After => "after",
+        };
+        format!("outbox_bench_wal_{which}_{}", std::process::id())
+    }
+}
+
+/// A PostgreSQL cluster of the section's own, stopped and removed on drop.
+struct Cluster {
+    dir: PathBuf,
+    port: u16,
+}
+
+fn pg_bin(name: &str) -> Option<PathBuf> {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    versions.sort();
+    let bin = versions.last()?.join("bin").join(name);
+    bin.exists().then_some(bin)
+}
+
+/// Runs `cmd` as the `postgres` user when this process is root (the server refuses root).
+fn as_postgres(program: &Path, args: &[&str]) -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let mut cmd = if root {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    };
+    cmd.args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl Cluster {
+    fn start() -> Option<Cluster> {
+        let (initdb, pg_ctl) = (pg_bin("initdb")?, pg_bin("pg_ctl")?);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let dir = std::env::temp_dir().join(format!("outbox-bench-wal-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).ok()?;
+        let _ = Command::new("chown")
+            .arg("postgres:postgres")
+            .arg(&dir)
+            .status();
+        let data = dir.join("data");
+        let data_s = data.to_string_lossy().into_owned();
+        let cluster = Cluster { dir, port };
+        if !as_postgres(&initdb, &["-A", "trust", "-U", "postgres", "-D", &data_s]) {
+            return None;
+        }
+        // No checkpoint but the one before each drain: every drain pays one full-page image
+        // per page it touches, whatever its length.
+        let opts = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c checkpoint_timeout=1h \
+             -c max_wal_size=16GB",
+            cluster.dir.display()
+        );
+        as_postgres(&pg_ctl, &["-D", &data_s, "-w", "-o", &opts, "start"]).then_some(cluster)
+    }
+
+    fn server(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(pg_ctl) = pg_bin("pg_ctl") {
+            let data = self.dir.join("data").to_string_lossy().into_owned();
+            as_postgres(&pg_ctl, &["-D", &data, "-m", "immediate", "stop"]);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(QueryableByName)]
+struct F {
+    #[diesel(sql_type = Double)]
+    f: f64,
+}
+
+#[derive(QueryableByName)]
+struct Wal {
+    #[diesel(sql_type = Double)]
+    records: f64,
+    #[diesel(sql_type = Double)]
+    fpi: f64,
+    #[diesel(sql_type = Double)]
+    bytes: f64,
+}
+
+#[derive(QueryableByName)]
+struct Size {
+    #[diesel(sql_type = Double)]
+    heap: f64,
+    #[diesel(sql_type = Double)]
+    indexes: f64,
+    #[diesel(sql_type = Double)]
+    dead: f64,
+    #[diesel(sql_type = Double)]
+    hot: f64,
+    #[diesel(sql_type = Double)]
+    updated: f64,
+}
+
+fn f(conn: &mut PgConnection, sql: &str) -> f64 {
+    diesel::sql_query(sql).get_result::<F>(conn).expect(sql).f
+}
+
+/// The cluster's WAL totals (all databases, all backends, autovacuum included).
+fn wal(conn: &mut PgConnection) -> Wal {
+    diesel::sql_query(
+        "SELECT wal_records::float8 AS records, wal_fpi::float8 AS fpi, \
+         wal_bytes::float8 AS bytes FROM pg_stat_wal",
+    )
+    .get_result(conn)
+    .expect("pg_stat_wal")
+}
+
+fn size(conn: &mut PgConnection) -> Size {
+    // The drain's backends report their counters when they end or within a second.
+    std::thread::sleep(Duration::from_millis(1100));
+    diesel::sql_query(
+        "SELECT pg_relation_size('outbox_events')::float8 AS heap, \
+         pg_indexes_size('outbox_events')::float8 AS indexes, n_dead_tup::float8 AS dead, \
+         n_tup_hot_upd::float8 AS hot, n_tup_upd::float8 AS updated \
+         FROM pg_stat_user_tables WHERE relname = 'outbox_events'",
+    )
+    .get_result(conn)
+    .expect("sizes")
+}
+
+/// Creates the database of `schema` and applies its migrations.
+fn create(server: &str, schema: Schema) -> String {
+    let mut admin = PgConnection::establish(&format!("{server}/postgres")).expect("connect");
+    exec(
+        &mut admin,
+        &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", schema.db()),
+    );
+    exec(&mut admin, &format!("CREATE DATABASE {}", schema.db()));
+    let url = format!("{server}/{}", schema.db());
+    let mut conn = PgConnection::establish(&url).expect("connect");
+    for m in outbox::migrations::list::<diesel::pg::Pg>() {
+        if schema == Schema::Before && m.version >= HOT_CLAIMS {
+            continue;
+        }
+        conn.transaction(|c| diesel::connection::SimpleConnection::batch_execute(c, m.up))
+            .expect("migrate");
+    }
+    url
+}
+
+/// Empties the table (new files: nothing left of the last run) and inserts `n` pending
+/// events the way the scale section does (its columns and payload, 1,000 aggregates), then
+/// `ANALYZE` and `CHECKPOINT`, so that every page the drain touches first writes a full-page
+/// image, as after any checkpoint.
+fn fill(conn: &mut PgConnection, n: i64) {
+    exec(conn, "TRUNCATE outbox_events, outbox_relays");
+    exec(
+        conn,
+        "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL",
+    );
+    let shards: Vec<i16> = (0..1000)
+        .map(|a: i32| outbox::shard_of("order", &a.to_string()))
+        .collect();
+    diesel::sql_query(
+        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version, \
+         payload, shard) \
+         SELECT (lpad(to_hex(m.ms + g.i / 1000), 12, '0') || '7' || lpad(to_hex(g.i % 4096), 3, '0') \
+                 || '8' || lpad(to_hex(g.i), 15, '0'))::uuid, \
+                'order', (g.i % 1000)::text, 'OrderCreated', 1, \
+                jsonb_build_object('order_id', g.i % 1000, 'customer', g.i, 'total_cents', 1250), \
+                ($1::int2[])[g.i % 1000 + 1] \
+         FROM (SELECT (extract(epoch FROM now()) * 1000)::bigint AS ms) m, \
+              generate_series(1::bigint, $2) g(i)",
+    )
+    .bind::<Array<SmallInt>, _>(&shards)
+    .bind::<BigInt, _>(n)
+    .execute(conn)
+    .expect("fill");
+    exec(conn, "ANALYZE outbox_events");
+    exec(conn, "CHECKPOINT");
+}
+
+/// One drain's figures.
+struct Run {
+    events: f64,
+    /// Seconds in the store's claims and marks.
+    secs: f64,
+    claim_bytes: f64,
+    mark_bytes: f64,
+    records: f64,
+    fpi: f64,
+    bytes: f64,
+    filled: Size,
+    drained: Size,
+}
+
+/// WAL inserted since `lsn`, and the current position.
+fn since(conn: &mut PgConnection, lsn: &str) -> (f64, String) {
+    #[derive(QueryableByName)]
+    struct D {
+        #[diesel(sql_type = Double)]
+        d: f64,
+        #[diesel(sql_type = Text)]
+        at: String,
+    }
+    let r: D = diesel::sql_query(
+        "SELECT pg_wal_lsn_diff(l, $1::pg_lsn)::float8 AS d, l::text AS at \
+         FROM pg_current_wal_insert_lsn() l",
+    )
+    .bind::<Text, _>(lsn)
+    .get_result(conn)
+    .expect("lsn");
+    (r.d, r.at)
+}
+
+/// Fills `n` rows and drains them with the store (claim, mark, until a claim is empty).
+fn run(ctx: &Ctx, url: &str, n: i64, ordered: bool) -> Run {
+    let mut conn = PgConnection::establish(url).expect("connect");
+    fill(&mut conn, n);
+    if ordered {
+        exec(
+            &mut conn,
+            &format!(
+                "UPDATE outbox_shard_leases SET owner = '{RELAY}', \
+                 lease_until = now() + interval '1 hour'"
+            ),
+        );
+    }
+    let filled = size(&mut conn);
+    let w0 = wal(&mut conn);
+    let order = if ordered {
+        ClaimOrder::Ordered {
+            owned_shards_only: true,
+            leader_only: false,
+            dead_letters_block: true,
+        }
+    } else {
+        ClaimOrder::Unordered
+    };
+    let claim = Claim {
+        relay: RELAY,
+        limit: BATCH,
+        // The store's statement timeout is a third of this: long claims are reported, not
+        // cut short.
+        lease: Duration::from_secs(3600),
+        order,
+    };
+    let (mut lsn, mut claim_bytes, mut mark_bytes, mut secs, mut events) =
+        (since(&mut conn, "0/0").1, 0.0, 0.0, 0.0, 0.0);
+    ctx.rt.block_on(async {
+        let mut store = PgRelayStore::new(url).listen(false);
+        loop {
+            let t = Instant::now();
+            let batch = store.claim(&claim).await.expect("claim");
+            let took = t.elapsed().as_secs_f64();
+            secs += took;
+            if took > 1.0 {
+                eprintln!("wal: {url}, {n} rows, ordered {ordered}: a claim took {took:.1} s");
+            }
+            let (d, at) = since(&mut conn, &lsn);
+            (claim_bytes, lsn) = (claim_bytes + d, at);
+            if batch.is_empty() {
+                break;
+            }
+            let seqs: Vec<i64> = batch.iter().map(|m| m.seq).collect();
+            let t = Instant::now();
+            let marked = store
+                .complete(RELAY, &seqs, Completion::MarkPublished)
+                .await
+                .expect("mark");
+            secs += t.elapsed().as_secs_f64();
+            events += marked as f64;
+            let (d, at) = since(&mut conn, &lsn);
+            (mark_bytes, lsn) = (mark_bytes + d, at);
+        }
+    });
+    // The store's connection is closed: its WAL counters are reported.
+    let drained = size(&mut conn);
+    let w1 = wal(&mut conn);
+    let left = f(
+        &mut conn,
+        "SELECT COUNT(*)::float8 AS f FROM outbox_events WHERE published_at IS NULL",
+    );
+    assert_eq!(left, 0.0, "the drain left pending rows");
+    eprintln!(
+        "wal: {url}, {n} rows, ordered {ordered}: {events} events in {secs:.1} s of claims and marks"
+    );
+    Run {
+        events,
+        secs,
+        claim_bytes,
+        mark_bytes,
+        records: w1.records - w0.records,
+        fpi: w1.fpi - w0.fpi,
+        bytes: w1.bytes - w0.bytes,
+        filled,
+        drained,
+    }
+}
+
+fn mib(b: f64) -> String {
+    format!("{:.1}", b / 1_048_576.0)
+}
+
+/// The section: see the module docs.
+pub fn section(ctx: &Ctx, md: &mut String) {
+    let cluster = Cluster::start();
+    let (server, where_) = match &cluster {
+        Some(c) => (
+            c.server(),
+            "a private cluster (`initdb`, the server's defaults: autovacuum on, shared_buffers \
+             128MB, full_page_writes on; but checkpoint_timeout = 1h and max_wal_size = 16GB, so \
+             that no checkpoint falls inside a drain)",
+        ),
+        None => (
+            ctx.pg_server.clone(),
+            "the shared server (no `initdb` found: its own settings, autovacuum as configured \
+             there; `pg_stat_wal` there also counts other databases' writes)",
+        ),
+    };
+    let small = 10_000i64;
+    let large: i64 = if ctx.quick { 200_000 } else { 1_000_000 };
+    let reps = if ctx.quick { 2 } else { 3 };
+    let urls: Vec<(Schema, String)> = [Schema::Before, Schema::After]
+        .into_iter()
+        .map(|s| (s, create(&server, s)))
+        .collect();
+    let _ = writeln!(
+        md,
+        "## WAL and disk per event (PostgreSQL, claim + mark)\n\n\
+         The same drain on two schemas, side by side in one run, in two databases of {where_}: \
+         *before*, every migration up to `insert_defaults` (the in-flight index, fillfactor \
+         100), and *after*, with `hot_claims` (no index reads the lease columns, fillfactor 50: \
+         the claim is a HOT update). Both run the current `PgRelayStore`: claims of {BATCH} \
+         (one relay, no publish) each followed by the mark of its rows, until a claim comes \
+         back empty; on *before* the claim writes no more index entries than main's, which also \
+         set `attempts`, a column the in-flight index's predicate reads whatever the claim \
+         changes. Each drain starts on a table emptied by `TRUNCATE` and filled with \
+         `INSERT … SELECT` (the scale section's rows: 1,000 aggregates), then `ANALYZE` and \
+         `CHECKPOINT` (so the drain writes a full-page image of each page it touches first, as \
+         after any checkpoint). WAL per event: `pg_stat_wal` over the drain (records, full-page \
+         images, bytes; autovacuum's included), and the bytes inserted around each claim and \
+         mark (`pg_current_wal_insert_lsn`). Heap: `pg_relation_size`, indexes: \
+         `pg_indexes_size`; dead tuples and the HOT share of updates from \
+         `pg_stat_user_tables`. events/s: events over the time spent in the store's claims and \
+         marks. {small} rows: median of {reps} interleaved runs; {large} rows: one run{}.\n",
+        if ctx.quick {
+            " (the quick run; the full run uses 1,000,000)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        md,
+        "| rows | mode | schema | WAL records / event | full-page images / event | WAL bytes / event | claim / mark bytes / event | heap MiB filled → drained | indexes MiB filled → drained | dead tuples after | HOT updates | events/s | vs {small} rows |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    let mut rates: Vec<((bool, usize), f64)> = Vec::new();
+    for (n, reps) in [(small, reps), (large, 1)] {
+        for ordered in [false, true] {
+            let mut runs: Vec<Vec<Run>> = vec![Vec::new(), Vec::new()];
+            for _ in 0..reps {
+                for (i, (_, url)) in urls.iter().enumerate() {
+                    runs[i].push(run(ctx, url, n, ordered));
+                }
+            }
+            for (i, (schema, _)) in urls.iter().enumerate() {
+                let rs = &runs[i];
+                let med = |g: &dyn Fn(&Run) -> f64| median(rs.iter().map(g).collect());
+                let rate = med(&|r| r.events / r.secs);
+                let key = (ordered, i);
+                let vs = if n == small {
+                    rates.push((key, rate));
+                    "1.00".to_owned()
+                } else {
+                    rates
+                        .iter()
+                        .find(|(k, _)| *k == key)
+                        .map_or("–".into(), |(_, r0)| format!("{:.2}", rate / r0))
+                };
+                let last = rs.last().expect("a run");
+                let per = |g: &dyn Fn(&Run) -> f64| med(&|r| g(r) / r.events);
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {:.2} | {:.2} | {} | {} / {} | {} → {} ({:.2}×) | {} → {} | {} | {:.0} % | {} | {vs} |",
+                    fmt_n(n as f64),
+                    if ordered { "sharded" } else { "unordered" },
+                    schema.name(),
+                    per(&|r| r.records),
+                    per(&|r| r.fpi),
+                    fmt_n(per(&|r| r.bytes)),
+                    fmt_n(per(&|r| r.claim_bytes)),
+                    fmt_n(per(&|r| r.mark_bytes)),
+                    mib(last.filled.heap),
+                    mib(last.drained.heap),
+                    last.drained.heap / last.filled.heap.max(1.0),
+                    mib(last.filled.indexes),
+                    mib(last.drained.indexes),
+                    fmt_n(last.drained.dead),
+                    100.0 * (last.drained.hot - last.filled.hot)
+                        / (last.drained.updated - last.filled.updated).max(1.0),
+                    fmt_n(rate),
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nThe sizes, dead tuples and HOT share are those of the last run of each row. \
+         *before* rows are what a database that has not run `hot_claims` does with this \
+         version of the store.\n"
+    );
+    if cluster.is_none() {
+        let mut admin = PgConnection::establish(&format!("{server}/postgres")).expect("connect");
+        for (schema, _) in &urls {
+            exec(
+                &mut admin,
+                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", schema.db()),
+            );
+        }
+    }
+    drop(cluster);
+}
