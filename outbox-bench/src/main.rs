@@ -63,6 +63,9 @@ struct Args {
     cap: u64,
 }
 
+/// A section of the report: writes its part of the Markdown.
+type Section = fn(&Ctx, &mut String);
+
 /// Migrates the bench's database and creates the business table the write path inserts into.
 pub fn prepare(conn: &mut PgConnection) {
     outbox::migrations::run(conn).expect("migrate");
@@ -134,7 +137,7 @@ fn main() {
     // Which PostgreSQL server each section ran on, for the header.
     let mut servers: Vec<(&str, String)> = Vec::new();
     let mut body = String::new();
-    let sections: [(&str, fn(&Ctx, &mut String), bool); 5] = [
+    let sections: [(&str, Section, bool); 5] = [
         ("write", write::section, false),
         ("drain", drain::section, true),
         ("scale", scale::section, true),

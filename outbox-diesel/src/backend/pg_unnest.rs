@@ -54,8 +54,8 @@ pub struct PgColumns<'a> {
 pub enum PgRows<'a> {
     /// Up to [`CACHED_ROWS`] rows: each row's headers as JSON.
     Values(Vec<String>),
-    /// More rows: the arrays.
-    Arrays(PgColumns<'a>),
+    /// More rows: the arrays (boxed: ten vectors, against one for `Values`).
+    Arrays(Box<PgColumns<'a>>),
 }
 
 impl<'a> PgRows<'a> {
@@ -63,7 +63,7 @@ impl<'a> PgRows<'a> {
         if messages.len() <= CACHED_ROWS {
             PgRows::Values(messages.iter().map(NewMessage::headers_json).collect())
         } else {
-            PgRows::Arrays(PgColumns::new(messages))
+            PgRows::Arrays(Box::new(PgColumns::new(messages)))
         }
     }
 }
