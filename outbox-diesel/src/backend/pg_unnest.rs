@@ -10,7 +10,9 @@
 //! (0.93); n = 10: 3,269 / 2,636 (0.81); n = 100: 6,247 / 10,224 (1.64); n = 1,000: 7,525 /
 //! 15,438 (2.05). The cached `VALUES` statement is the cheaper one for a few rows (no arrays to
 //! build and unpack); past 16 rows it is prepared anew for every transaction and its 11 binds
-//! per row cost more than ten arrays, so the arrays take over there.
+//! per row cost more than ten arrays, so the arrays take over there. Re-run with this split
+//! (load average 6): n = 100: 11,270 / 17,078 (1.52); n = 1,000: 19,670 / 43,421 (2.21); n = 1
+//! and 10, now the same `VALUES` statement on both sides, 0.92 and 0.99: the run's noise.
 
 use diesel::pg::Pg;
 use diesel::query_builder::AstPass;
