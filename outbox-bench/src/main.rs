@@ -2,6 +2,7 @@
 //! rate on PostgreSQL, each side by side with baselines measured in the same run. See
 //! docs/BENCHMARKS.md.
 
+mod cluster;
 mod common;
 mod drain;
 mod latency;
@@ -16,7 +17,7 @@ use std::fmt::Write as _;
 use clap::Parser;
 use diesel::prelude::*;
 
-use common::{Ctx, V, exec};
+use common::{Ctx, exec};
 
 /// Where the report's hand-written notes start; the program keeps what follows it.
 const NOTES_MARKER: &str = "<!-- Notes below are written by hand; outbox-bench keeps them when it rewrites the tables above. -->";
@@ -63,6 +64,19 @@ struct Args {
     cap: u64,
 }
 
+/// A section of the report: writes its part of the Markdown.
+type Section = fn(&Ctx, &mut String);
+
+/// Migrates the bench's database and creates the business table the write path inserts into.
+pub fn prepare(conn: &mut PgConnection) {
+    outbox::migrations::run(conn).expect("migrate");
+    exec(
+        conn,
+        "CREATE TABLE bench_orders (id BIGINT PRIMARY KEY, customer BIGINT NOT NULL, \
+         total_cents BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+    );
+}
+
 fn main() {
     let args = Args::parse();
     if let Some(url) = &args.relay_child {
@@ -81,17 +95,7 @@ fn main() {
     exec(&mut admin, &format!("CREATE DATABASE {db}"));
     let url = format!("{}/{db}", args.pg);
     let mut conn = PgConnection::establish(&url).expect("connect");
-    outbox::migrations::run(&mut conn).expect("migrate");
-    exec(
-        &mut conn,
-        "CREATE TABLE bench_orders (id BIGINT PRIMARY KEY, customer BIGINT NOT NULL, \
-         total_cents BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-    );
-
-    let version = diesel::sql_query("SELECT version() AS v")
-        .get_result::<V>(&mut conn)
-        .expect("v")
-        .v;
+    prepare(&mut conn);
     drop(conn);
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -107,14 +111,6 @@ fn main() {
     let given: Vec<String> = std::env::args().skip(1).collect();
     let cmd = format!("cargo run --release -p outbox-bench -- {}", given.join(" "));
     let cmd = cmd.trim_end();
-    let mut md = String::new();
-    let _ = writeln!(md, "# Benchmarks\n");
-    let _ = writeln!(
-        md,
-        "Command: `{cmd}`  \nDate: {date}  \nMachine: {cores} cores, {mem}  \nPostgreSQL: {version}  \n\
-         The machine is shared and noisy: figures are medians of repeated runs where stated, and \
-         every comparison is made side by side in the same run.\n"
-    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -128,9 +124,9 @@ fn main() {
     let plot_prefix = std::path::Path::new(&args.out)
         .file_stem()
         .map_or("benchmarks".into(), |s| s.to_string_lossy().to_lowercase());
-    let ctx = Ctx {
+    let mut ctx = Ctx {
         quick,
-        url,
+        url: url.clone(),
         pg_server: args.pg.clone(),
         mysql_server: args.mysql.clone(),
         kafka: args.kafka.clone(),
@@ -138,27 +134,75 @@ fn main() {
         plot_prefix,
         rt,
     };
-    let on = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
-    if on("write") {
-        write::section(&ctx, &mut md);
-    }
-    if on("drain") {
-        drain::section(&ctx, &mut md);
-    }
-    if on("scale") {
-        scale::section(&ctx, &mut md);
-    }
-    if on("peers") {
-        peers::section(&ctx, &mut md);
-    }
-    if on("latency") {
-        latency::section(&ctx, &mut md);
+    let shared = format!("{} ({})", args.pg, cluster::describe(&url));
+    // Which PostgreSQL server each section ran on, for the header.
+    let mut servers: Vec<(&str, String)> = Vec::new();
+    let mut body = String::new();
+    let sections: [(&str, Section, bool); 5] = [
+        ("write", write::section, false),
+        ("drain", drain::section, true),
+        ("scale", scale::section, true),
+        ("peers", peers::section, false),
+        ("latency", latency::section, true),
+    ];
+    for (name, section, private) in sections {
+        if !(args.only.is_empty() || args.only.iter().any(|o| o == name)) {
+            continue;
+        }
+        if !private {
+            servers.push((name, format!("the shared server {shared}")));
+            section(&ctx, &mut body);
+            continue;
+        }
+        // A cluster of the section's own, with PostgreSQL's defaults: its figures do not
+        // depend on how the shared server is configured, nor on what the sections before it
+        // left in its tables.
+        match cluster::PrivatePg::start() {
+            Ok(pg) => {
+                ctx.url = pg.database(&db);
+                ctx.pg_server = pg.server.clone();
+                servers.push((
+                    name,
+                    format!(
+                        "a private cluster of its own (initdb in a temporary directory, \
+                         PostgreSQL's defaults; {})",
+                        cluster::describe(&ctx.url)
+                    ),
+                ));
+                section(&ctx, &mut body);
+                ctx.url.clone_from(&url);
+                ctx.pg_server.clone_from(&args.pg);
+                drop(pg);
+            }
+            Err(e) => {
+                eprintln!("private cluster for {name}: {e}; using the shared server");
+                servers.push((
+                    name,
+                    format!("the shared server {shared} (a private cluster could not start: {e})"),
+                ));
+                section(&ctx, &mut body);
+            }
+        }
     }
     if on("wal") {
         wal::section(&ctx, &mut md);
     }
     drop(ctx);
     exec(&mut admin, &format!("DROP DATABASE {db} WITH (FORCE)"));
+    let mut md = String::new();
+    let _ = writeln!(md, "# Benchmarks\n");
+    let _ = writeln!(
+        md,
+        "Command: `{cmd}`  \nDate: {date}  \nMachine: {cores} cores, {mem}  \n\
+         The machine is shared and noisy: figures are medians of repeated runs where stated, and \
+         every comparison is made side by side in the same run.\n\nPostgreSQL server of each \
+         section:\n"
+    );
+    for (name, server) in &servers {
+        let _ = writeln!(md, "- {name}: {server}");
+    }
+    md.push('\n');
+    md.push_str(body.trim_start_matches('\n'));
     // The hand-written analysis below the marker survives a re-run.
     if let Ok(old) = std::fs::read_to_string(&args.out)
         && let Some(at) = old.find(NOTES_MARKER)

@@ -13,22 +13,70 @@ use outbox::relay::Mode;
 use crate::common::*;
 use crate::drain::{Sink, drain_ours, fill_template};
 
-/// The peers the binary drives, with what their relay promises about order.
-const PEERS: [(&str, &str, &str); 2] = [
-    (
-        "oxide",
-        "oxide-outbox",
-        "one OutboxManager; claims `FOR UPDATE SKIP LOCKED` ordered by locked_until, which is \
-         equal (-infinity) for every pending event: no ordering promise",
-    ),
-    (
-        "ruststream",
-        "ruststream-sqlx + ruststream-rdkafka",
-        "one batch subscription, row lock form (`FOR UPDATE SKIP LOCKED`, claims in id order), \
-         sequential dispatch: write order while one instance runs, no per-aggregate order \
-         across instances (the crate's per-key order, `fifo` groups or `workers_by_key`, not \
-         used here)",
-    ),
+/// The concurrency the peers are also run with, beside their defaults (the figure their docs'
+/// examples use: ruststream's `workers(nonzero!(4))` and Relay guide's `workers_by_key(4)`).
+const WORKERS: usize = 4;
+
+/// One configuration of a peer the binary drives, with what its relay promises about order.
+struct Peer {
+    /// `--peer`.
+    peer: &'static str,
+    /// The library, for the table.
+    name: &'static str,
+    /// `--workers`.
+    workers: usize,
+    /// `--by-key`.
+    by_key: bool,
+    /// The configuration and its ordering guarantee, for the table.
+    guarantee: &'static str,
+}
+
+/// Each peer at its defaults, then with the concurrency its docs offer.
+const PEERS: [Peer; 5] = [
+    Peer {
+        peer: "oxide",
+        name: "oxide-outbox",
+        workers: 1,
+        by_key: false,
+        guarantee: "default: one OutboxManager; claims `FOR UPDATE SKIP LOCKED` ordered by \
+                    locked_until, which is equal (-infinity) for every pending event: no \
+                    ordering promise",
+    },
+    Peer {
+        peer: "oxide",
+        name: "oxide-outbox",
+        workers: WORKERS,
+        by_key: false,
+        guarantee: "concurrent: 4 OutboxManagers on the table (outbox-postgres's README: \
+                    `FOR UPDATE SKIP LOCKED` lets several workers share it): no ordering promise",
+    },
+    Peer {
+        peer: "ruststream",
+        name: "ruststream-sqlx + ruststream-rdkafka",
+        workers: 1,
+        by_key: false,
+        guarantee: "default: one batch subscription, row lock form (`FOR UPDATE SKIP LOCKED`, \
+                    claims in id order), sequential dispatch: write order while one instance \
+                    runs, no per-aggregate order across instances",
+    },
+    Peer {
+        peer: "ruststream",
+        name: "ruststream-sqlx + ruststream-rdkafka",
+        workers: WORKERS,
+        by_key: false,
+        guarantee: "concurrent: the batch subscription with `workers(4)`, 4 batches in flight: \
+                    no ordering promise",
+    },
+    Peer {
+        peer: "ruststream",
+        name: "ruststream-sqlx + ruststream-rdkafka",
+        workers: WORKERS,
+        by_key: true,
+        guarantee: "per key: single deliveries with `workers_by_key(4)`, the Relay guide's own \
+                    mounting: per-aggregate order within one instance (4 lanes by \
+                    partition_key; `fifo` groups, which keep a group's order across instances \
+                    by holding one row of it in work, would be slower still)",
+    },
 ];
 
 /// One peer run, as the binary reports it (or why there is none).
@@ -95,9 +143,19 @@ fn build() -> Result<PathBuf, String> {
 }
 
 /// Runs the binary for `peer`.
-fn run(exe: &Path, ctx: &Ctx, peer: &str, n: i64, batch: usize, cap: Duration) -> PeerRun {
-    eprintln!("peer {peer}: {n} events, batch {batch}");
-    let out = Command::new(exe)
+fn run(exe: &Path, ctx: &Ctx, p: &Peer, n: i64, batch: usize, cap: Duration) -> PeerRun {
+    let peer = p.peer;
+    eprintln!(
+        "peer {peer}: {n} events, batch {batch}, workers {}{}",
+        p.workers,
+        if p.by_key { " by key" } else { "" }
+    );
+    let mut cmd = Command::new(exe);
+    if p.by_key {
+        cmd.arg("--by-key");
+    }
+    let out = cmd
+        .args(["--workers", &p.workers.to_string()])
         .args([
             "--peer",
             peer,
@@ -168,15 +226,17 @@ pub fn section(ctx: &Ctx, md: &mut String) {
     let built = build();
 
     let mut conn = PgConnection::establish(&ctx.url).expect("connect");
-    eprintln!("filling {backlog} events");
-    let our_write = backlog as f64 / fill_template(&mut conn, backlog as usize);
-    drop(conn);
+    let mut our_writes = Vec::new();
     let our_modes = [Mode::Unordered, Mode::Sharded];
     let mut ours: Vec<Vec<f64>> = vec![Vec::new(); our_modes.len()];
     let mut ours_capped: Vec<Option<u64>> = vec![None; our_modes.len()];
     let mut peers: Vec<Vec<PeerRun>> = PEERS.iter().map(|_| Vec::new()).collect();
     // Interleaved, so that every library shares the machine's noise: ours, then each peer, again.
     for _ in 0..runs {
+        // Our write rate is taken at each run, beside the peers' (each writes its backlog at
+        // each run): the backlog's template is written anew through `transaction_with_outbox`.
+        eprintln!("filling {backlog} events");
+        our_writes.push(backlog as f64 / fill_template(&mut conn, backlog as usize));
         for (i, &mode) in our_modes.iter().enumerate() {
             let d = ctx.rt.block_on(drain_ours(
                 &ctx.url,
@@ -195,7 +255,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             }
         }
         if let Ok(exe) = &built {
-            for (i, (peer, _, _)) in PEERS.iter().enumerate() {
+            for (i, peer) in PEERS.iter().enumerate() {
                 peers[i].push(run(exe, ctx, peer, backlog, batch, cap));
             }
         }
@@ -208,11 +268,14 @@ pub fn section(ctx: &Ctx, md: &mut String) {
          relay's start until the library's own table says every event is published (the peers' \
          tables polled by SQL every 20 ms); {}; a drain still running after {} s is stopped and \
          its rate is over the events it published. write events/s: the backlog written through \
-         the library's own write API, 1,000 events per transaction (ours: once, when the \
-         backlog's template is filled; the peers: at each run). The peers run in their own \
+         the library's own write API, 1,000 events per transaction (ours: the backlog's \
+         template, written anew at each run; the peers: at each run). The peers run in their own \
          process (`outbox-bench/peers`, built with `cargo build --release`), each on a database \
-         of its own created for the run; the runs are interleaved (ours, oxide, ruststream, \
-         again) so that they share the machine's noise.\n",
+         of its own created for the run; the runs are interleaved (ours, then each peer \
+         configuration, again) so that they share the machine's noise. Each peer runs twice or \
+         more: at its defaults, and with the concurrency its documentation offers ({WORKERS} \
+         workers), so that neither comparison rests on a configuration the peer would not \
+         recommend.\n",
         fmt_n(backlog as f64),
         ctx.kafka,
         if runs > 1 {
@@ -226,6 +289,8 @@ pub fn section(ctx: &Ctx, md: &mut String) {
         md,
         "| library | version | mode / ordering guarantee | batch | events/s | vs ours (unordered, same batch) | write events/s | notes |\n|---|---|---|---|---|---|---|---|"
     );
+    drop(conn);
+    let our_write = median(our_writes);
     let our_version = env!("CARGO_PKG_VERSION");
     let base = median(ours[0].clone());
     for (i, mode) in our_modes.iter().enumerate() {
@@ -247,7 +312,13 @@ pub fn section(ctx: &Ctx, md: &mut String) {
         println!("{line}");
         let _ = writeln!(md, "{line}");
     }
-    for (i, (_, name, guarantee)) in PEERS.iter().enumerate() {
+    for (
+        i,
+        Peer {
+            name, guarantee, ..
+        },
+    ) in PEERS.iter().enumerate()
+    {
         let line = match &built {
             Err(e) => format!(
                 "| {name} | – | {guarantee} | {batch} | – | – | – | could not be built: {} |",

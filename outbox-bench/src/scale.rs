@@ -496,7 +496,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
          open anywhere on the server: with 10,000 rows drained, a claim that finds nothing read 20,056 buffers \
          (a heap visit per dead entry) for as long as an idle transaction stayed open in another \
          database, and 56 buffers once it had ended. That is also why the *claim after the \
-         drain* column varies between runs on this shared server. It is not the table \
+         drain* column varies between runs on a shared server (this section now runs on a cluster of its own). It is not the table \
          outgrowing shared_buffers: in the full runs made while writing this section, blocks \
          read from outside shared buffers stayed under 0.2 per event at every size, while the \
          blocks hit per event grew with the rows drained (about 40 at 10,000 rows, 51 at \

@@ -59,8 +59,9 @@ async_suite!(
 );
 
 /// The event `INSERT` keeps its prepared statement per connection (Diesel caches it by its
-/// SQL) for small row counts: a transaction's insert is not parsed and planned again each
-/// time. Larger ones are prepared each time, so the cache stays bounded.
+/// SQL): a transaction's insert is not parsed and planned again each time. Up to 16 rows it is
+/// a `VALUES` statement per row count; above, one statement of arrays (`unnest`) for any row
+/// count, so the cache stays bounded.
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_event_inserts_are_prepared_once_per_shape() {
@@ -70,7 +71,7 @@ fn postgres_event_inserts_are_prepared_once_per_shape() {
 
     let db = TestDatabase::postgres("prepared");
     let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
-    for events in [1, 1, 1, 3, 3, 40] {
+    for events in [1, 1, 1, 3, 3, 40, 40, 1500] {
         conn.transaction_with_outbox(|tx| {
             for order_id in 0..events {
                 tx.publish(&OrderCreated {
@@ -85,14 +86,89 @@ fn postgres_event_inserts_are_prepared_once_per_shape() {
     let count = |conn: &mut diesel::PgConnection, sql: &str| {
         diesel::sql_query(sql).get_result::<Count>(conn).unwrap().n
     };
-    assert_eq!(count(&mut conn, support::COUNT_EVENTS), 49);
-    // One statement for the 1-row shape, one for the 3-row shape, none for 40 rows.
+    assert_eq!(count(&mut conn, support::COUNT_EVENTS), 1589);
+    // One statement for the 1-row shape, one for the 3-row shape, one for 40 and 1,500 rows
+    // (the arrays; 1,500 rows are written as 1,000 + 500, the same statement).
     assert_eq!(
         count(
             &mut conn,
             "SELECT COUNT(*) AS n FROM pg_prepared_statements \
              WHERE statement LIKE 'INSERT INTO outbox_events %'"
         ),
-        2
+        3
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM pg_prepared_statements \
+             WHERE statement LIKE 'INSERT INTO outbox_events %unnest(%'"
+        ),
+        1
+    );
+    // The arrays keep the order of the events: `seq` follows the publish order within the
+    // 1,500-event transaction (aggregate ids 0, 1, 2, …).
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM (SELECT aggregate_id::bigint AS a, \
+             lag(aggregate_id::bigint) OVER (ORDER BY seq) AS before FROM outbox_events \
+             WHERE seq > (SELECT max(seq) - 1500 FROM outbox_events)) t \
+             WHERE t.a <> coalesce(t.before + 1, 0)"
+        ),
+        0
+    );
+}
+
+/// Above 16 rows (the arrays), a write that keeps existing rows skips the ids already stored
+/// and writes the others, every column as given.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_array_insert_keeps_existing_rows() {
+    use diesel::{Connection, RunQueryDsl};
+    use outbox::{NewMessage, OutboxBackend};
+    use support::{Count, OrderCreated, TestDatabase};
+
+    let db = TestDatabase::postgres("arrays_keep");
+    let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
+    let messages: Vec<NewMessage> = (0..60)
+        .map(|order_id| {
+            let mut m = NewMessage::from_event(
+                &OrderCreated {
+                    order_id,
+                    total_cents: 1,
+                },
+                Default::default(),
+            )
+            .unwrap();
+            if order_id % 2 == 0 {
+                m.topic = Some("even".into());
+            }
+            m
+        })
+        .collect();
+    let count = |conn: &mut diesel::PgConnection, sql: &str| {
+        diesel::sql_query(sql).get_result::<Count>(conn).unwrap().n
+    };
+    diesel::pg::Pg::write_as(&mut conn, &messages[..30], false).unwrap();
+    // 30 already stored, 30 new: only the new ones are written.
+    diesel::pg::Pg::write_as(&mut conn, &messages, true).unwrap();
+    assert_eq!(count(&mut conn, support::COUNT_EVENTS), 60);
+    // Without keeping existing rows, a stored id is a unique violation.
+    assert!(diesel::pg::Pg::write_as(&mut conn, &messages[..20], false).is_err());
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM outbox_events WHERE topic = 'even'"
+        ),
+        30
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM outbox_events WHERE topic IS NULL \
+             AND available_at = created_at AND headers = '{}'::jsonb \
+             AND payload ->> 'total_cents' = '1' AND event_version = 3"
+        ),
+        30
     );
 }

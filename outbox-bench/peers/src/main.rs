@@ -41,6 +41,16 @@ pub struct Args {
     /// The drain is stopped after this many seconds and reported as capped.
     #[arg(long, default_value_t = 120)]
     pub cap_secs: u64,
+    /// The relay's concurrency, as the peer offers it: oxide runs this many `OutboxManager`s
+    /// on the table (its README: `FOR UPDATE SKIP LOCKED` lets several workers share it);
+    /// ruststream mounts the subscription with `workers(n)` (batches in flight at once). 1:
+    /// each peer's default (one manager; sequential dispatch).
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// ruststream only: single deliveries with `workers_by_key(workers)`, the Relay guide's
+    /// own mounting (per-key order across the workers), instead of batches.
+    #[arg(long)]
+    pub by_key: bool,
 }
 
 /// The event, as ours: `{"order_id":…, "customer":…, "total_cents":1250}`, over 1,000 aggregates.
@@ -192,6 +202,8 @@ fn main() {
             "published": o.published,
             "capped": o.capped,
             "write_rate": o.write_rate,
+            "workers": args.workers,
+            "by_key": args.by_key,
             "notes": o.notes,
             "error": null,
         }),

@@ -100,17 +100,29 @@ pub async fn run(args: &Args, url: &str) -> Result<Outcome, String> {
     kafka.set("bootstrap.servers", &args.kafka);
     let transport =
         KafkaTransport::new(topic, &kafka).map_err(|e| format!("KafkaTransport::new: {e}"))?;
-    let storage = PostgresOutbox::new(pool.clone(), config.clone());
+    let transport = Arc::new(transport);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let manager = OutboxManagerBuilder::new()
-        .storage(Arc::new(storage))
-        .publisher(Arc::new(transport))
-        .config(config.clone())
-        .shutdown_rx(stop_rx)
-        .build()
-        .map_err(|e| format!("OutboxManagerBuilder::build: {e}"))?;
+    // `--workers n`: n managers on the same table, as outbox-postgres's README offers
+    // (`FOR UPDATE SKIP LOCKED` keeps them from claiming the same rows), each with a storage
+    // of its own (the storage holds one LISTEN connection), as separate workers would have.
+    let workers = args.workers.max(1);
+    let mut managers = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        managers.push(
+            OutboxManagerBuilder::new()
+                .storage(Arc::new(PostgresOutbox::new(pool.clone(), config.clone())))
+                .publisher(transport.clone())
+                .config(config.clone())
+                .shutdown_rx(stop_rx.clone())
+                .build()
+                .map_err(|e| format!("OutboxManagerBuilder::build: {e}"))?,
+        );
+    }
     let start = Instant::now();
-    let handle = tokio::spawn(manager.run());
+    let handles: Vec<_> = managers
+        .into_iter()
+        .map(|m| tokio::spawn(m.run()))
+        .collect();
     let counter = pool.clone();
     let watched = watch(
         start,
@@ -128,14 +140,17 @@ pub async fn run(args: &Args, url: &str) -> Result<Outcome, String> {
             }
         },
         || {
-            handle
-                .is_finished()
+            handles
+                .iter()
+                .any(tokio::task::JoinHandle::is_finished)
                 .then(|| "OutboxManager::run returned".to_string())
         },
     )
     .await;
     let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
+    for handle in handles {
+        let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
+    }
     pool.close().await;
     let (secs, published, capped) = watched?;
     Ok(Outcome {
@@ -146,12 +161,20 @@ pub async fn run(args: &Args, url: &str) -> Result<Outcome, String> {
         write_rate,
         notes: format!(
             "OutboxConfig defaults but batch_size = {} (poll_interval_secs 10, lock_timeout_mins 5, \
-             IdempotencyStrategy::None); one OutboxManager; each event is published and its \
+             IdempotencyStrategy::None); {}; each event is published and its \
              delivery awaited one after another (Transport::publish), the batch is marked Sent \
              in one UPDATE; KafkaTransport defaults (enable.idempotence = true, send timeout \
              10 s, librdkafka's other defaults such as linger.ms 5), key = order_id, topic {topic}; the schema's trigger NOTIFYs on every insert \
              and update",
-            args.batch
+            args.batch,
+            if workers == 1 {
+                "one OutboxManager".to_string()
+            } else {
+                format!(
+                    "{workers} OutboxManagers on the table (FOR UPDATE SKIP LOCKED, as the \
+                     outbox-postgres README offers for several workers), one pool"
+                )
+            }
         ),
     })
 }

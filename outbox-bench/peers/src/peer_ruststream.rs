@@ -38,6 +38,13 @@ async fn relay(events: &[OrderCreated]) -> Vec<OrderCreated> {
     events.to_vec()
 }
 
+/// One event at a time, as the Relay guide's relay: mounted with `workers_by_key(n)` for
+/// `--by-key`.
+#[subscriber(InboxQueue::<BenchEvent>::new("bench-events"), reply)]
+async fn relay_one(event: &OrderCreated) -> OrderCreated {
+    event.clone()
+}
+
 /// The versions resolved.
 pub fn version() -> String {
     format!(
@@ -85,9 +92,19 @@ pub async fn run(args: &Args, url: &str) -> Result<Outcome, String> {
     let batch = NonZeroUsize::new(args.batch).ok_or("--batch must be at least 1")?;
     let kafka = KafkaBroker::new([args.kafka.clone()]).bindable();
     let to_kafka = kafka.bind(KafkaPublish::default());
+    let workers = NonZeroUsize::new(args.workers).ok_or("--workers must be at least 1")?;
+    let (by_key, many) = (args.by_key, workers.get() > 1);
     let app = RustStream::new(AppInfo::new("outbox-bench-peer", "0.1.0"))
-        .with_broker(SqlxBroker::new(pool.clone()), |b| {
-            b.include(relay.batch(batch)).out_reply(to_kafka);
+        .with_broker(SqlxBroker::new(pool.clone()), move |b| {
+            if by_key {
+                b.include(relay_one.workers_by_key(workers))
+                    .out_reply(to_kafka);
+            } else if many {
+                b.include(relay.batch(batch).workers(workers))
+                    .out_reply(to_kafka);
+            } else {
+                b.include(relay.batch(batch)).out_reply(to_kafka);
+            }
         })
         .with_broker(kafka, |_b| {});
     let start = Instant::now();
@@ -116,17 +133,29 @@ pub async fn run(args: &Args, url: &str) -> Result<Outcome, String> {
     let stopped = tokio::time::timeout(Duration::from_secs(10), running.shutdown()).await;
     pool.close().await;
     let (secs, published, capped) = watched?;
+    let dispatch = if by_key {
+        format!(
+            "single deliveries with .workers_by_key({workers}) (the Relay guide's mounting: \
+             per-key order, {workers} lanes)"
+        )
+    } else if many {
+        format!(
+            ".batch({}) with .workers({workers}) ({workers} batches in flight)",
+            args.batch
+        )
+    } else {
+        format!(".batch({}) and the default sequential dispatch", args.batch)
+    };
     let mut notes = format!(
         "Relay guide's shape: inbox table (id BIGSERIAL, aggregate TEXT as partition_key, payload \
-         BYTEA), row lock form (the Postgres default: FOR UPDATE SKIP LOCKED held for the batch), \
-         one subscription, .batch({}) and the default sequential dispatch, reply through \
+         BYTEA), row lock form (the Postgres default: FOR UPDATE SKIP LOCKED held for the claim), \
+         one subscription, {dispatch}, reply through \
          KafkaPublish::default() (each reply's delivery report awaited before \
          the next; librdkafka defaults such as linger.ms 5), ack deletes the rows; \
          the records carry no Kafka key (a batch reply is built from the reply alone; the \
          row's partition_key does not reach it); the write path is Insert::insert in the \
          writer's transaction; topic bench.peer.ruststream, broker defaults otherwise \
-         (poll_interval 1 s, no LISTEN/NOTIFY)",
-        args.batch
+         (poll_interval 1 s, no LISTEN/NOTIFY)"
     );
     match stopped {
         Ok(Ok(())) => {}

@@ -44,21 +44,23 @@ pub trait OutboxBackend: Backend + private::Sealed {
     #[doc(hidden)]
     const NOTIFY_SQL: Option<&'static str> = None;
 
-    /// What this backend computes from a message before binding it (kept alive for the
-    /// statement's binds).
+    /// What this backend computes from the messages of one `INSERT` before binding them (kept
+    /// alive for the statement's binds).
     #[doc(hidden)]
-    type Row: Send;
+    type Rows<'a>: Send;
 
-    /// Computes a message's [`OutboxBackend::Row`].
+    /// Computes the [`OutboxBackend::Rows`] of `messages`.
     #[doc(hidden)]
-    fn row(message: &NewMessage) -> Self::Row;
+    fn rows(messages: &[NewMessage]) -> Self::Rows<'_>;
 
-    /// Writes one row of the `INSERT`, `(placeholder, …)`, binding its values.
+    /// Writes the `INSERT` of `messages` (with their `rows`), binding its values; with
+    /// `keep_existing` it ends with [`OutboxBackend::KEEP_EXISTING`].
     #[doc(hidden)]
-    fn walk_row<'b>(
-        message: &'b NewMessage,
-        row: &'b Self::Row,
-        out: &mut AstPass<'_, 'b, Self>,
+    fn walk_insert<'a, 'b>(
+        messages: &'b [NewMessage],
+        rows: &'b Self::Rows<'a>,
+        keep_existing: bool,
+        out: AstPass<'_, 'b, Self>,
     ) -> diesel::QueryResult<()>;
 
     /// Writes `messages` with as few `INSERT`s as the bind limits allow.
@@ -256,6 +258,8 @@ mod insert;
 mod mysql;
 #[cfg(feature = "postgres_backend")]
 mod pg;
+#[cfg(feature = "postgres_backend")]
+mod pg_unnest;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 

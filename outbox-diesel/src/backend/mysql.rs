@@ -42,21 +42,27 @@ impl OutboxBackend for diesel::mysql::Mysql {
         .bind::<BigInt, _>(limit_of(limit))
     }
 
-    type Row = TextIdRow<chrono::NaiveDateTime>;
+    type Rows<'a> = Vec<TextIdRow<chrono::NaiveDateTime>>;
 
-    fn row(m: &NewMessage) -> Self::Row {
-        TextIdRow {
-            id: m.id.hyphenated().to_string(),
-            headers: m.headers_json(),
-            at: m.created_at.naive_utc(),
-        }
+    fn rows(messages: &[NewMessage]) -> Self::Rows<'_> {
+        messages
+            .iter()
+            .map(|m| TextIdRow {
+                id: m.id.hyphenated().to_string(),
+                headers: m.headers_json(),
+                at: m.created_at.naive_utc(),
+            })
+            .collect()
     }
 
-    fn walk_row<'b>(
-        m: &'b NewMessage,
-        row: &'b Self::Row,
-        out: &mut AstPass<'_, 'b, Self>,
+    fn walk_insert<'a, 'b>(
+        messages: &'b [NewMessage],
+        rows: &'b Self::Rows<'a>,
+        keep_existing: bool,
+        out: AstPass<'_, 'b, Self>,
     ) -> diesel::QueryResult<()> {
-        text_id_row!(m, row, out, diesel::sql_types::Datetime)
+        super::insert::walk_values(messages, rows, keep_existing, out, |m, row, out| {
+            text_id_row!(m, row, out, diesel::sql_types::Datetime)
+        })
     }
 }

@@ -43,26 +43,18 @@ impl OutboxBackend for diesel::pg::Pg {
         .bind::<BigInt, _>(limit_of(limit))
     }
 
-    type Row = String;
+    type Rows<'a> = super::pg_unnest::PgRows<'a>;
 
-    fn row(message: &NewMessage) -> String {
-        message.headers_json()
+    fn rows(messages: &[NewMessage]) -> Self::Rows<'_> {
+        super::pg_unnest::PgRows::new(messages)
     }
 
-    fn walk_row<'b>(
-        m: &'b NewMessage,
-        headers: &'b String,
-        out: &mut AstPass<'_, 'b, Self>,
+    fn walk_insert<'a, 'b>(
+        messages: &'b [NewMessage],
+        rows: &'b Self::Rows<'a>,
+        keep_existing: bool,
+        out: AstPass<'_, 'b, Self>,
     ) -> diesel::QueryResult<()> {
-        use diesel::sql_types::{Timestamptz, Uuid};
-        out.push_sql("(");
-        out.push_bind_param::<Uuid, _>(&m.id)?;
-        bind_common!(&mut *out, m, headers, "CAST(", " AS jsonb)");
-        out.push_sql(", ");
-        out.push_bind_param::<Timestamptz, _>(&m.created_at)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Timestamptz, _>(&m.created_at)?;
-        out.push_sql(")");
-        Ok(())
+        super::pg_unnest::walk_insert(messages, rows, keep_existing, out)
     }
 }
