@@ -89,6 +89,12 @@ impl PrivatePg {
     /// `initdb` (trust authentication, user `postgres`) and `pg_ctl start` on a free port of
     /// 127.0.0.1, with no setting changed but the port and the socket directory.
     pub fn start() -> Result<PrivatePg, String> {
+        PrivatePg::start_with(&[])
+    }
+
+    /// [`start`](Self::start), with `settings` (name, value) passed to the server as `-c`
+    /// options: the one way a section departs from PostgreSQL's defaults, said in its report.
+    pub fn start_with(settings: &[(&str, &str)]) -> Result<PrivatePg, String> {
         let port = free_port()?;
         let dir =
             std::env::temp_dir().join(format!("outbox-bench-pg-{}-{port}", std::process::id()));
@@ -111,10 +117,13 @@ impl PrivatePg {
             &pg_bin("initdb")?,
             &["-A", "trust", "-U", "postgres", "-E", "UTF8", "-D", data],
         )?;
-        let opts = format!(
+        let mut opts = format!(
             "-p {port} -k {} -c listen_addresses=127.0.0.1",
             pg.dir.display()
         );
+        for (name, value) in settings {
+            opts.push_str(&format!(" -c {name}={value}"));
+        }
         let log = pg.dir.join("server.log");
         let log = log.to_str().ok_or("temp dir is not UTF-8")?;
         as_postgres(

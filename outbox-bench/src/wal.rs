@@ -11,8 +11,6 @@
 //! interleaved.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
@@ -45,88 +43,6 @@ impl Schema {
             Schema::After => "after",
         };
         format!("outbox_bench_wal_{which}_{}", std::process::id())
-    }
-}
-
-/// A PostgreSQL cluster of the section's own, stopped and removed on drop.
-struct Cluster {
-    dir: PathBuf,
-    port: u16,
-}
-
-fn pg_bin(name: &str) -> Option<PathBuf> {
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    versions.sort();
-    let bin = versions.last()?.join("bin").join(name);
-    bin.exists().then_some(bin)
-}
-
-/// Runs `cmd` as the `postgres` user when this process is root (the server refuses root).
-fn as_postgres(program: &Path, args: &[&str]) -> bool {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-    let mut cmd = if root {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
-    };
-    cmd.args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-impl Cluster {
-    fn start() -> Option<Cluster> {
-        let (initdb, pg_ctl) = (pg_bin("initdb")?, pg_bin("pg_ctl")?);
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
-        let dir = std::env::temp_dir().join(format!("outbox-bench-wal-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).ok()?;
-        let _ = Command::new("chown")
-            .arg("postgres:postgres")
-            .arg(&dir)
-            .status();
-        let data = dir.join("data");
-        let data_s = data.to_string_lossy().into_owned();
-        let cluster = Cluster { dir, port };
-        if !as_postgres(&initdb, &["-A", "trust", "-U", "postgres", "-D", &data_s]) {
-            return None;
-        }
-        // No checkpoint but the one before each drain: every drain pays one full-page image
-        // per page it touches, whatever its length.
-        let opts = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c checkpoint_timeout=1h \
-             -c max_wal_size=16GB",
-            cluster.dir.display()
-        );
-        as_postgres(&pg_ctl, &["-D", &data_s, "-w", "-o", &opts, "start"]).then_some(cluster)
-    }
-
-    fn server(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if let Some(pg_ctl) = pg_bin("pg_ctl") {
-            let data = self.dir.join("data").to_string_lossy().into_owned();
-            as_postgres(&pg_ctl, &["-D", &data, "-m", "immediate", "stop"]);
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -363,17 +279,24 @@ fn mib(b: f64) -> String {
 
 /// The section: see the module docs.
 pub fn section(ctx: &Ctx, md: &mut String) {
-    let cluster = Cluster::start();
+    // No checkpoint but the one before each drain: every drain pays one full-page image per
+    // page it touches, whatever its length.
+    let cluster = crate::cluster::PrivatePg::start_with(&[
+        ("checkpoint_timeout", "1h"),
+        ("max_wal_size", "16GB"),
+    ])
+    .inspect_err(|e| eprintln!("private cluster for wal: {e}; using the shared server"))
+    .ok();
     let (server, where_) = match &cluster {
         Some(c) => (
-            c.server(),
+            c.server.clone(),
             "a private cluster (`initdb`, the server's defaults: autovacuum on, shared_buffers \
              128MB, full_page_writes on; but checkpoint_timeout = 1h and max_wal_size = 16GB, so \
              that no checkpoint falls inside a drain)",
         ),
         None => (
             ctx.pg_server.clone(),
-            "the shared server (no `initdb` found: its own settings, autovacuum as configured \
+            "the shared server (no private cluster could start: its own settings, autovacuum as configured \
              there; `pg_stat_wal` there also counts other databases' writes)",
         ),
     };
