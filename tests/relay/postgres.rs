@@ -333,7 +333,7 @@ fn reap_finds_the_leases_of_dead_relays() {
 
 /// A claim is a HOT update (the measured finding next to `CLAIM_UNORDERED`): claiming every
 /// row adds no index entry (the indexes keep their size; a non-HOT claim of 5,000 rows adds
-/// 5,000 entries to each), and a drained table keeps its filled size.
+/// 5,000 entries to each), and the claimed versions stay on their rows' pages.
 #[tokio::test]
 async fn claims_are_hot_updates() {
     let db = Postgres::database("hot");
@@ -387,17 +387,11 @@ async fn claims_are_hot_updates() {
         filled,
         "the claimed versions are on their rows' pages"
     );
-    for chunk in seqs.chunks(1000) {
-        store
-            .complete("r", chunk, Completion::MarkPublished)
-            .await
-            .unwrap();
-    }
-    let drained = size(&mut conn, "outbox_events");
-    assert!(
-        drained <= filled + filled / 2,
-        "the drained heap ({drained} bytes) is at most 1.5× the filled one ({filled})"
-    );
+    // Not asserted here: that the marks' versions land on the same pages, so that the drained
+    // table keeps its size. That needs the claims' old versions pruned first, which waits for
+    // every snapshot that could see them, and on a server the test shares that depends on
+    // what else runs there (the heap doubled in one run of the whole suite). The benchmark's
+    // `wal` section measures it on a cluster of its own.
 }
 
 /// A lease that expired (its relay lost the database for longer than the lease) is claimed
