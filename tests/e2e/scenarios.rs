@@ -222,7 +222,7 @@ fn unordered_four_relays_deliver_100k_once() {
 
 /// Four sharded relays, 1,000 aggregates × 50 events; one relay is SIGKILLed mid-run and a
 /// new one started: everything delivered, per-aggregate order intact, duplicates bounded by
-/// the killed relay's leased batch.
+/// the killed relay's leased batches (its window of batches in flight).
 #[test]
 fn sharded_relays_survive_a_kill_in_order() {
     let db = TestDatabase::postgres("e2e_sharded");
@@ -261,9 +261,12 @@ fn sharded_relays_survive_a_kill_in_order() {
     let ids: HashSet<&str> = messages.iter().map(|m| m.id()).collect();
     assert_eq!(ids.len(), 50_000, "every event delivered");
     let duplicates = assert_per_key_order(&messages);
+    // The killed relay may have had every batch of its window in flight (published, not yet
+    // marked): the default `max_in_flight` batches of 200.
+    let window = outbox::relay::RelayConfig::default().max_in_flight * 200;
     assert!(
-        duplicates <= 200,
-        "duplicates only from the killed relay's leased batch: {duplicates}"
+        duplicates <= window,
+        "duplicates only from the killed relay's leased batches (at most {window}): {duplicates}"
     );
     eprintln!(
         "sharded x4 (one killed at {left} pending): 50,000 events, {duplicates} duplicates, drained in {:?} ({:.0} events/s)",
