@@ -610,7 +610,8 @@ pub fn section(ctx: &Ctx, md: &mut String) {
          {} s is stopped and its rate is over the events it published. CPU: seconds of CPU used \
          during the (median) drain by all `postgres` processes and by the bench process (relays, \
          publisher), from /proc. Relay time: the relays' wall time spent in claims / publishes / \
-         marks (the loop is sequential; the rest is waiting and coordination).\n",
+         marks (publishes overlap the claims and marks, up to `max_in_flight` batches at once, so \
+         the three can add up to over 100 %; the rest is waiting and coordination).\n",
         cap.as_secs()
     );
     let _ = writeln!(

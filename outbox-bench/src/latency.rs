@@ -389,10 +389,12 @@ pub fn section(ctx: &Ctx, md: &mut String) {
         let _ = writeln!(
             md,
             "\nHow to read it: the relay waits (for a notification, or for its poll interval) only \
-             after a claim came back empty; after any non-empty batch it claims again at once. \
+             after a claim came back empty; after a non-empty batch or a notification it claims \
+             again every 2 ms for its `wake_window` (150 ms) before it waits. \
              So at a steady rate the wake-up mechanism matters only when the relay has caught up, \
              and it shows in the tail: a polling relay that finds the outbox empty sleeps up to \
-             {} ms, a listening one is woken by the next notifying commit (≤ 100 ms apart).{}",
+             {} ms, a listening one is woken by the next notifying commit (≤ 100 ms apart) or finds \
+             the commit within its wake window.{}",
             poll.as_millis(),
             if quick {
                 " The quick run measures the sharded mode only; the full run adds unordered."

@@ -476,20 +476,21 @@ pub fn section(ctx: &Ctx, md: &mut String) {
     let _ = writeln!(
         md,
         "\nThe relay's peak RSS stayed between {lo:.1} and {hi:.1} MiB whatever the backlog: it \
-         holds one batch at a time.\n\n\
+         holds at most `max_in_flight` batches (4 by default).\n\n\
          **Why the drain slows down as it goes.** The cost of a claim grows with the rows \
          drained since the table was last vacuumed, not with the rows pending, because every \
          claim walks over index entries of rows already published. Measured by hand with \
-         `EXPLAIN (ANALYZE, BUFFERS)` on 1,000,000 rows of which 500,000 had been drained \
+         `EXPLAIN (ANALYZE, BUFFERS)`, before migration `hot_claims`, on 1,000,000 rows of which \
+         500,000 had been drained \
          (unordered relay, autovacuum off): the unordered claim's scan of the partial index \
          `outbox_events_pending` read 4,747 pages to find the first 1,000 pending rows (29 on \
          the fresh table) and took 18.6 ms instead of 0.5 ms. A published row's entry, and the \
-         entry of its claimed version (a claim is not a HOT update: the partial indexes' \
+         entry of its claimed version (a claim was not a HOT update then: the partial indexes' \
          predicates read `locked_by` and `attempts`), stay in the index until `VACUUM` removes \
          them; a scan skips entries it knows to be dead without visiting the heap, but still \
          reads their pages. The ordered claim (sharded, leader) is hit harder: its head-of-line \
-         check probes `outbox_events_inflight_aggregate` once per candidate, and every row ever \
-         claimed left an entry there, so the 1,000 probes read 47,776 pages and the claim took \
+         check probed `outbox_events_inflight_aggregate` (dropped by `hot_claims`) once per \
+         candidate, and every row ever claimed left an entry there, so the 1,000 probes read 47,776 pages and the claim took \
          185 ms; after a plain `VACUUM` (4.3 s) the probes read 1,000 pages and the claim took \
          39 ms. Dead entries are skipped without visiting the heap only once a scan has marked \
          them, and a scan can mark them only when no transaction older than their deletion is \
@@ -552,8 +553,9 @@ pub fn section(ctx: &Ctx, md: &mut String) {
         let _ = writeln!(
             md,
             "\nThe drain left the heap at {:.1}× and the indexes at {:.1}× their size after the \
-             fill: a row is written three times (insert, claim, mark published), neither update \
-             is HOT (the partial indexes' predicates read the columns they change), and the dead \
+             fill: a row is written three times (insert, claim, mark published); the claim is a HOT \
+             update (migration `hot_claims`: no index reads the lease columns, fillfactor 50), \
+             the mark is not (the partial indexes' predicates read `published_at`), and the dead \
              versions wait for a `VACUUM`.",
             h1 / h0.max(1.0),
             i1 / i0.max(1.0)
