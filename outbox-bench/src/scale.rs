@@ -139,7 +139,7 @@ fn run_child(
 /// aggregates in one set-based statement (same columns and payload as [`OrderCreated`],
 /// time-ordered UUIDv7-shaped ids, the shard from [`outbox::shard_of`]), then `ANALYZE` and
 /// `CHECKPOINT` so the drain does not pay for the fill's writes. Returns the seconds taken.
-fn fill(conn: &mut PgConnection, n: i64) -> f64 {
+pub(crate) fn fill(conn: &mut PgConnection, n: i64) -> f64 {
     crate::drain::clear_outbox(conn);
     exec(conn, "CHECKPOINT");
     let shards: Vec<i16> = (0..1000)

@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Double, SmallInt, Text};
+use diesel::sql_types::{Double, Text};
 use outbox::relay::{Claim, ClaimOrder, Completion, PgRelayStore, RelayStore};
 
 use crate::common::*;
@@ -123,38 +123,6 @@ fn create(server: &str, schema: Schema) -> String {
     url
 }
 
-/// Empties the table (new files: nothing left of the last run) and inserts `n` pending
-/// events the way the scale section does (its columns and payload, 1,000 aggregates), then
-/// `ANALYZE` and `CHECKPOINT`, so that every page the drain touches first writes a full-page
-/// image, as after any checkpoint.
-fn fill(conn: &mut PgConnection, n: i64) {
-    exec(conn, "TRUNCATE outbox_events, outbox_relays");
-    exec(
-        conn,
-        "UPDATE outbox_shard_leases SET owner = NULL, lease_until = NULL",
-    );
-    let shards: Vec<i16> = (0..1000)
-        .map(|a: i32| outbox::shard_of("order", &a.to_string()))
-        .collect();
-    diesel::sql_query(
-        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version, \
-         payload, shard) \
-         SELECT (lpad(to_hex(m.ms + g.i / 1000), 12, '0') || '7' || lpad(to_hex(g.i % 4096), 3, '0') \
-                 || '8' || lpad(to_hex(g.i), 15, '0'))::uuid, \
-                'order', (g.i % 1000)::text, 'OrderCreated', 1, \
-                jsonb_build_object('order_id', g.i % 1000, 'customer', g.i, 'total_cents', 1250), \
-                ($1::int2[])[g.i % 1000 + 1] \
-         FROM (SELECT (extract(epoch FROM now()) * 1000)::bigint AS ms) m, \
-              generate_series(1::bigint, $2) g(i)",
-    )
-    .bind::<Array<SmallInt>, _>(&shards)
-    .bind::<BigInt, _>(n)
-    .execute(conn)
-    .expect("fill");
-    exec(conn, "ANALYZE outbox_events");
-    exec(conn, "CHECKPOINT");
-}
-
 /// One drain's figures.
 struct Run {
     events: f64,
@@ -191,7 +159,10 @@ fn since(conn: &mut PgConnection, lsn: &str) -> (f64, String) {
 /// Fills `n` rows and drains them with the store (claim, mark, until a claim is empty).
 fn run(ctx: &Ctx, url: &str, n: i64, ordered: bool) -> Run {
     let mut conn = PgConnection::establish(url).expect("connect");
-    fill(&mut conn, n);
+    // The scale section's backlog, on a truncated table (new files: nothing left of the last
+    // run), ending in a `CHECKPOINT`: every page the drain touches first writes a full-page
+    // image, as after any checkpoint.
+    crate::scale::fill(&mut conn, n);
     if ordered {
         exec(
             &mut conn,

@@ -107,11 +107,9 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         tracing::info!(relay = %self.config.relay_id, mode = ?self.config.mode, "relay started");
 
         while !stopping {
-            // Poll shutdown without waiting.
-            tokio::select! {
-                biased;
-                _ = &mut shutdown => { stopping = true; continue; }
-                _ = std::future::ready(()) => {}
+            if asked(&mut shutdown).await {
+                stopping = true;
+                continue;
             }
 
             // Settle the batches whose publish has finished, oldest first, and make room in a
@@ -205,10 +203,9 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             let overlapped = ordered && !window.is_empty();
             // Settling may have waited for a publish: look at shutdown again, so that nothing
             // is claimed once it was asked for.
-            tokio::select! {
-                biased;
-                _ = &mut shutdown => { stopping = true; continue; }
-                _ = std::future::ready(()) => {}
+            if asked(&mut shutdown).await {
+                stopping = true;
+                continue;
             }
             let claim = Claim {
                 relay: &self.config.relay_id,
@@ -378,6 +375,15 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             .waiting_for_broker
             .store(settled.is_some(), Ordering::Relaxed);
         settled
+    }
+}
+
+/// Whether `shutdown` has completed, without waiting for it.
+async fn asked(shutdown: &mut std::pin::Pin<&mut (impl Future<Output = ()> + Send)>) -> bool {
+    tokio::select! {
+        biased;
+        _ = shutdown => true,
+        _ = std::future::ready(()) => false,
     }
 }
 
