@@ -225,7 +225,13 @@ async fn a_20s_database_outage_dead_letters_nothing_and_applies_everything_once_
         }
     });
 
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The outage begins mid-stream: once the consumer has applied something (a fixed wait
+    // was not always enough for it to join the group on a loaded machine).
+    let joined = Instant::now();
+    while n(&stats.applied) == 0 && joined.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let applied_before = n(&stats.applied);
     proxy.cut();
     let cut_at = Instant::now();
