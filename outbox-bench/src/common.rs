@@ -19,6 +19,8 @@ pub struct Ctx {
     pub mysql_server: String,
     /// The Kafka-protocol broker; empty to skip.
     pub kafka: String,
+    /// The bench's own broker at `kafka`, if it started one.
+    pub broker: Option<crate::broker::PrivateBroker>,
     /// Where the report goes (PNGs go next to it).
     pub out_dir: std::path::PathBuf,
     /// What the plots' file names start with: the report's name, lowercased
@@ -27,6 +29,16 @@ pub struct Ctx {
     pub plot_prefix: String,
     /// A runtime for the relays.
     pub rt: tokio::runtime::Runtime,
+}
+
+impl Ctx {
+    /// Empties the bench's own broker before a run that publishes (see `broker.rs`); a broker
+    /// given with `--kafka` is left as it is.
+    pub fn fresh_broker(&self) {
+        if let Some(broker) = &self.broker {
+            broker.reset();
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, OutboxEvent)]

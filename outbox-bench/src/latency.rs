@@ -121,6 +121,7 @@ fn run(ctx: &Ctx, listen: bool, mode: Mode, dur: Duration) -> Result<Run, String
     let mut conn = PgConnection::establish(&ctx.url).map_err(|e| e.to_string())?;
     crate::drain::clear_outbox(&mut conn);
     outbox::notify::set_interval(listen.then_some(Duration::from_millis(100)));
+    ctx.fresh_broker();
     let acks = Arc::new(Mutex::new(Acks::new(n)));
     let kafka = outbox::kafka::KafkaPublisher::builder()
         .brokers(ctx.kafka.as_str())
@@ -294,7 +295,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
              (`transaction_with_outbox`, over 1,000 aggregates) on one shared schedule of {} \
              events/s (event i is due at i ms; absolute deadlines, a late writer catches up at \
              once) for {} s{}; one relay \
-             publishes them to Kafka (noida-db at {}) with the default `RelayConfig` (batch {batch}, \
+             publishes them to Kafka (the broker at {}) with the default `RelayConfig` (batch {batch}, \
              poll interval {} ms). The commit instant is taken when COMMIT returns; the ack \
              instant when the publisher's call returns with the event's delivery report \
              (`Delivery::Published`; the Kafka publisher awaits every report of its batch), on \

@@ -2,6 +2,7 @@
 //! rate on PostgreSQL, each side by side with baselines measured in the same run. See
 //! docs/BENCHMARKS.md.
 
+mod broker;
 mod cluster;
 mod common;
 mod drain;
@@ -37,8 +38,10 @@ struct Args {
     /// MariaDB/MySQL server (without database); empty to skip its write path.
     #[arg(long, default_value = "mysql://root@127.0.0.1:3306")]
     mysql: String,
-    /// Kafka-protocol broker; empty to skip the Kafka drains.
-    #[arg(long, default_value = "127.0.0.1:9092")]
+    /// Kafka-protocol broker: `private` starts a noida-db of the bench's own (see
+    /// `broker.rs`), emptied before each run that publishes; `host:port` uses that broker as
+    /// it is; empty skips the Kafka sections.
+    #[arg(long, default_value = "private")]
     kafka: String,
     /// Where to write the report (the PNG plots go next to it).
     #[arg(long, default_value = "docs/BENCHMARKS.md")]
@@ -124,12 +127,36 @@ fn main() {
     let plot_prefix = std::path::Path::new(&args.out)
         .file_stem()
         .map_or("benchmarks".into(), |s| s.to_string_lossy().to_lowercase());
+    // The broker: one of the bench's own unless one is given.
+    let (broker, kafka, broker_text) = match args.kafka.as_str() {
+        "private" => match broker::PrivateBroker::start() {
+            Ok(b) => {
+                let text = format!(
+                    "a private {} on {} (an empty data directory, emptied again before each run \
+                     that publishes: see outbox-bench/src/broker.rs)",
+                    b.version(),
+                    b.addr
+                );
+                let addr = b.addr.clone();
+                (Some(b), addr, text)
+            }
+            Err(e) => {
+                eprintln!("private broker: {e}; using 127.0.0.1:9092");
+                let text =
+                    format!("127.0.0.1:9092 as it was (a private broker could not start: {e})");
+                (None, "127.0.0.1:9092".to_string(), text)
+            }
+        },
+        "" => (None, String::new(), "none (`--kafka \"\"`)".to_string()),
+        given => (None, given.to_string(), format!("{given}, as it was")),
+    };
     let mut ctx = Ctx {
         quick,
         url: url.clone(),
         pg_server: args.pg.clone(),
         mysql_server: args.mysql.clone(),
-        kafka: args.kafka.clone(),
+        kafka,
+        broker,
         out_dir,
         plot_prefix,
         rt,
@@ -147,10 +174,14 @@ fn main() {
         ("latency", latency::section, true),
         ("wal", wal::section, false),
     ];
+    // How long each section took (the last one is timed when the loop ends).
+    let started = std::time::Instant::now();
+    let mut took: Vec<(&str, std::time::Instant)> = Vec::new();
     for (name, section, private) in sections {
         if !(args.only.is_empty() || args.only.iter().any(|o| o == name)) {
             continue;
         }
+        took.push((name, std::time::Instant::now()));
         if name == "wal" {
             servers.push((
                 name,
@@ -194,6 +225,15 @@ fn main() {
             }
         }
     }
+    let ended = std::time::Instant::now();
+    let timing: Vec<String> = took
+        .iter()
+        .enumerate()
+        .map(|(i, (name, at))| {
+            let end = took.get(i + 1).map_or(ended, |next| next.1);
+            format!("{name} {:.0} s", (end - *at).as_secs_f64())
+        })
+        .collect();
     drop(ctx);
     exec(&mut admin, &format!("DROP DATABASE {db} WITH (FORCE)"));
     let mut md = String::new();
@@ -208,6 +248,13 @@ fn main() {
     for (name, server) in &servers {
         let _ = writeln!(md, "- {name}: {server}");
     }
+    let _ = writeln!(md, "\nKafka-protocol broker: {broker_text}.");
+    let _ = writeln!(
+        md,
+        "\nThe run took {:.1} min: {}.",
+        (ended - started).as_secs_f64() / 60.0,
+        timing.join(", ")
+    );
     md.push('\n');
     md.push_str(body.trim_start_matches('\n'));
     // The hand-written analysis below the marker survives a re-run.

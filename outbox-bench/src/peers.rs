@@ -150,6 +150,7 @@ fn run(exe: &Path, ctx: &Ctx, p: &Peer, n: i64, batch: usize, cap: Duration) -> 
         p.workers,
         if p.by_key { " by key" } else { "" }
     );
+    ctx.fresh_broker();
     let mut cmd = Command::new(exe);
     if p.by_key {
         cmd.arg("--by-key");
@@ -222,7 +223,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
     let batch = 100usize;
     // The peers publish at a steady rate far below the backlog's size; a drain stopped at the
     // cap reports its rate over what it published.
-    let cap = Duration::from_secs(if quick { 15 } else { 60 });
+    let cap = Duration::from_secs(if quick { 10 } else { 60 });
     let built = build();
 
     let mut conn = PgConnection::establish(&ctx.url).expect("connect");
@@ -238,6 +239,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
         eprintln!("filling {backlog} events");
         our_writes.push(backlog as f64 / fill_template(&mut conn, backlog as usize));
         for (i, &mode) in our_modes.iter().enumerate() {
+            ctx.fresh_broker();
             let d = ctx.rt.block_on(drain_ours(
                 &ctx.url,
                 mode,
