@@ -233,6 +233,7 @@ fn explain_claim(conn: &mut PgConnection, mode: Mode, batch: usize) -> (f64, i64
                 .replace("$4", "true")
                 .replace("$5", "false")
                 .replace("$6", "true")
+                .replace("$7", "NULL")
         ),
     };
     // Rolled back: the claim and the shard leases it needs are not kept.

@@ -189,6 +189,7 @@ fn run(ctx: &Ctx, url: &str, n: i64, ordered: bool) -> Run {
         // The store's statement timeout is a third of this: long claims are reported, not
         // cut short.
         lease: Duration::from_secs(3600),
+        look_ahead: None,
         order,
     };
     let (mut lsn, mut claim_bytes, mut mark_bytes, mut secs, mut events) =

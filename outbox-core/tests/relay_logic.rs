@@ -409,6 +409,7 @@ async fn a_dead_relay_is_reaped_by_its_session_not_its_lease() {
             relay: "probe",
             limit: 1000,
             lease: Duration::from_secs(1),
+            look_ahead: None,
             order: ClaimOrder::Unordered,
         };
         let free = probe.claim(&claim).await.unwrap();
@@ -463,6 +464,7 @@ async fn shutdown_releases_everything() {
         relay: "other",
         limit: 100,
         lease: Duration::from_secs(5),
+        look_ahead: None,
         order: ClaimOrder::Ordered {
             owned_shards_only: true,
             leader_only: false,

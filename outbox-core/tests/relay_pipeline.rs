@@ -114,6 +114,7 @@ async fn batches_are_claimed_while_one_is_in_flight() {
                 relay: "other",
                 limit: 100,
                 lease: Duration::from_secs(60),
+                look_ahead: None,
                 order: ClaimOrder::Unordered,
             })
             .await

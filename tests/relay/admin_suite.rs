@@ -16,6 +16,7 @@ fn claim(relay: &str, limit: usize, ordered: bool) -> Claim<'_> {
         relay,
         limit,
         lease: LEASE,
+        look_ahead: None,
         order: if ordered {
             ClaimOrder::Ordered {
                 owned_shards_only: false,

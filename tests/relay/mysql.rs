@@ -56,6 +56,7 @@ async fn claim_that_waited_past_its_lease_claims_nothing() {
             relay: "a",
             limit: 10,
             lease: Duration::from_secs(30),
+            look_ahead: None,
             order,
         };
         a.claim(&claim).await.unwrap()
@@ -78,6 +79,7 @@ async fn claim_that_waited_past_its_lease_claims_nothing() {
         relay: "b",
         limit: 10,
         lease: Duration::from_secs(30),
+        look_ahead: None,
         order,
     };
     assert_eq!(b.claim(&claim).await.unwrap().len(), 4);
@@ -101,6 +103,7 @@ async fn deadlock_victim_is_run_again() {
         relay: "a",
         limit: 10,
         lease: Duration::from_secs(30),
+        look_ahead: None,
         order: ClaimOrder::Unordered,
     };
     assert_eq!(store.claim(&claim).await.unwrap().len(), 2);

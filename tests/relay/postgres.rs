@@ -10,7 +10,7 @@ use diesel::{Connection, RunQueryDsl};
 use outbox::prelude::*;
 use outbox::relay::*;
 
-use crate::backends::{Contract, Postgres};
+use crate::backends::{Backend, Contract, Postgres};
 use crate::support::*;
 
 crate::store_suite!(Postgres);
@@ -88,7 +88,8 @@ fn claims_keep_their_indexes_while_the_table_fills() {
     let ordered = outbox::relay::__sql::PG_CLAIM_ORDERED;
     let unordered = outbox::relay::__sql::PG_CLAIM_UNORDERED;
     diesel::sql_query(format!(
-        "PREPARE ordered(text, float8, bigint, bool, bool, bool) AS {ordered} RETURNING o.seq"
+        "PREPARE ordered(text, float8, bigint, bool, bool, bool, bigint) AS {ordered} \
+         RETURNING o.seq"
     ))
     .execute(&mut conn)
     .unwrap();
@@ -98,7 +99,7 @@ fn claims_keep_their_indexes_while_the_table_fills() {
     .execute(&mut conn)
     .unwrap();
     for _ in 0..6 {
-        diesel::sql_query("EXECUTE ordered('r', 30, 1000, false, false, true)")
+        diesel::sql_query("EXECUTE ordered('r', 30, 1000, false, false, true, NULL)")
             .execute(&mut conn)
             .unwrap();
         diesel::sql_query("EXECUTE unordered('r', 30, 1000)")
@@ -149,11 +150,19 @@ fn claims_keep_their_indexes_while_the_table_fills() {
             for (mode, sql) in [
                 (
                     "sharded",
-                    format!("EXPLAIN EXECUTE ordered('r', 30, {batch}, true, false, true)"),
+                    format!("EXPLAIN EXECUTE ordered('r', 30, {batch}, true, false, true, NULL)"),
                 ),
                 (
                     "leader",
-                    format!("EXPLAIN EXECUTE ordered('r', 30, {batch}, false, true, true)"),
+                    format!("EXPLAIN EXECUTE ordered('r', 30, {batch}, false, true, true, NULL)"),
+                ),
+                // Beside batches in flight: the look-ahead bounds the walk.
+                (
+                    "sharded, look-ahead",
+                    format!(
+                        "EXPLAIN EXECUTE ordered('r', 30, {batch}, true, false, true, {})",
+                        batch * 3
+                    ),
                 ),
                 (
                     "unordered",
@@ -369,6 +378,7 @@ async fn claims_are_hot_updates() {
         relay: "r",
         limit: 1000,
         lease: Duration::from_secs(30),
+        look_ahead: None,
         order: ClaimOrder::Unordered,
     };
     let mut seqs = Vec::new();
@@ -408,6 +418,7 @@ async fn an_expired_lease_costs_no_attempt() {
         relay,
         limit: 10,
         lease: Duration::from_millis(200),
+        look_ahead: None,
         order: ClaimOrder::Unordered,
     };
     for _ in 0..3 {
@@ -438,4 +449,55 @@ async fn an_expired_lease_costs_no_attempt() {
 #[tokio::test]
 async fn cleanup_timing_1m() {
     crate::admin_suite::cleanup_timing::<Postgres>("INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version, payload, shard, published_at) SELECT gen_random_uuid(), 'order', (g % 1000)::text, 'Paid', 1, '{\"amount\": 1}', g % 256, now() - interval '2 days' + g * interval '1 microsecond' FROM generate_series(1, 1000000) g").await;
+}
+
+/// An ordered claim with `look_ahead` considers only the first pending rows: the relay makes
+/// such a claim beside batches in flight, where a claim that finds nothing would otherwise
+/// walk the whole backlog (see `Claim::look_ahead`). Without it, the same claim reaches a
+/// claimable aggregate at the far end of the backlog.
+#[tokio::test]
+async fn a_look_ahead_bounds_the_ordered_claim() {
+    let db = Postgres::database("lookahead");
+    // 1,000 aggregates, three rows each, interleaved (seq 1..=3000), then ten rows of an
+    // aggregate of its own at the end.
+    Postgres::exec(
+        &db,
+        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version, \
+         payload, shard) SELECT gen_random_uuid(), 'order', (g % 1000)::text, 'Paid', 1, '{}', \
+         0 FROM generate_series(1, 3000) g ORDER BY g",
+    );
+    Postgres::exec(
+        &db,
+        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version, \
+         payload, shard) SELECT gen_random_uuid(), 'order', 'late', 'Paid', 1, '{}', 0 \
+         FROM generate_series(1, 10) g ORDER BY g",
+    );
+    let mut store = PgRelayStore::new(&db.url).listen(false);
+    let claim = |look_ahead| Claim {
+        relay: "a",
+        limit: 1000,
+        lease: Duration::from_secs(30),
+        look_ahead,
+        order: ClaimOrder::Ordered {
+            owned_shards_only: false,
+            leader_only: false,
+            dead_letters_block: true,
+        },
+    };
+    let heads = store.claim(&claim(None)).await.unwrap();
+    assert_eq!(heads.len(), 1000, "the head of every aggregate");
+    assert!(heads.iter().all(|m| m.aggregate_id != "late"));
+    // Leased, the heads hold back every other row of their aggregates: within the first
+    // 2,000 pending rows nothing is claimable.
+    let bounded = store.claim(&claim(Some(2000))).await.unwrap();
+    assert!(
+        bounded.is_empty(),
+        "claimed beyond the look-ahead: {:?}",
+        bounded.iter().map(|m| m.seq).collect::<Vec<_>>()
+    );
+    let unbounded = store.claim(&claim(None)).await.unwrap();
+    assert_eq!(unbounded.len(), 10);
+    assert!(unbounded.iter().all(|m| m.aggregate_id == "late"));
+    let seqs: Vec<i64> = unbounded.iter().map(|m| m.seq).collect();
+    assert!(seqs.is_sorted(), "in order: {seqs:?}");
 }

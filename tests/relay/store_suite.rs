@@ -22,6 +22,7 @@ fn unordered(relay: &str, limit: usize) -> Claim<'_> {
         relay,
         limit,
         lease: LEASE,
+        look_ahead: None,
         order: ClaimOrder::Unordered,
     }
 }
@@ -31,6 +32,7 @@ fn ordered(relay: &str, limit: usize, shards: bool, leader: bool, dead_block: bo
         relay,
         limit,
         lease: LEASE,
+        look_ahead: None,
         order: ClaimOrder::Ordered {
             owned_shards_only: shards,
             leader_only: leader,
@@ -736,6 +738,7 @@ pub async fn short_lease_bounds_blocked_claims<B: Backend>() {
         relay: "s",
         limit: 10,
         lease,
+        look_ahead: None,
         order: leader,
     };
     let err = store

@@ -212,6 +212,10 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 limit: self.config.batch_size,
                 lease: self.config.lease,
                 order: self.claim_order(),
+                // Beside batches in flight: the rows in flight (at most one batch each) and
+                // two batches past them (see `Claim::look_ahead`).
+                look_ahead: overlapped
+                    .then(|| self.config.batch_size.saturating_mul(window.len() + 2)),
             };
             let claimed = Instant::now();
             let batch = match self.store.claim(&claim).await {

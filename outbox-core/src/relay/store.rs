@@ -37,6 +37,22 @@ pub struct Claim<'a> {
     pub lease: Duration,
     /// Which rows may be claimed.
     pub order: ClaimOrder,
+    /// Consider only the first this many pending rows (in `seq` order, of the relay's shards);
+    /// `None`: as many as it takes to fill the batch. A hint: a store may ignore it (the
+    /// PostgreSQL store honours it; the MySQL and SQLite stores do not yet).
+    ///
+    /// The relay sets it on an ordered claim made beside batches in flight. Such a claim finds
+    /// rows only near the head of the backlog (every aggregate in flight holds back its later
+    /// rows), and one that finds nothing walks the whole backlog to prove it: measured on a
+    /// private PostgreSQL cluster, 1,000,000 rows over 1,000 aggregates, batch 1,000, one
+    /// sharded relay: its 33rd claim, the first beside a batch in flight, ran until the drain
+    /// was stopped 25 s later (33,000 events published, 1,100 events/s), while a run whose
+    /// claims happened never to overlap drained 874,000 in the same 30 s. `EXPLAIN (ANALYZE,
+    /// BUFFERS)` of that claim (the same table, its first 1,000 rows leased): 12,940 ms, every
+    /// one of the 1,000,000 pending rows examined and rejected; with a look-ahead of 6,000,
+    /// 34 ms (the claim before it, which found its 1,000 rows: 18 ms). With nothing in flight
+    /// the relay claims without a bound, so no pending row is out of reach.
+    pub look_ahead: Option<usize>,
 }
 
 /// A failed publish to record on a leased row.

@@ -79,6 +79,12 @@ pub const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
 /// 100,000 rows of which 50,000 published (1,000 aggregates, batch 1,000, sharded): 0.054 ms
 /// per probe without the bound, 0.004 ms with it; the claim took 42 ms instead of 99 ms.
 ///
+/// `$7` ([`Claim::look_ahead`](outbox_core::relay::Claim::look_ahead)), when not null,
+/// bounds the candidates to the first `$7` pending rows of the relay's shards: the relay sets
+/// it on a claim made beside batches in flight, which otherwise walks the whole backlog when
+/// every aggregate near the head is held back by a batch in flight. Null, it is folded away
+/// when the statement is planned (custom plans, [`SESSION_SQL`]).
+///
 /// **Two claims on one shard must never run at once.** Under READ COMMITTED a claim that
 /// waited for a row lock re-checks (EvalPlanQual) only the rows it waited for, not the
 /// head-of-line condition of the later rows it keeps: two concurrent claims on one shard can
@@ -103,6 +109,12 @@ pub const CLAIM_ORDERED: &str = "UPDATE outbox_events o \
                                         WHERE owner = $1 AND lease_until > now())) \
              AND (NOT $5 OR EXISTS (SELECT 1 FROM outbox_leader \
                                     WHERE name = 'relay' AND holder = $1 AND lease_until > now())) \
+             AND ($7::bigint IS NULL OR e.seq <= (SELECT max(b.seq) FROM ( \
+                  SELECT seq FROM outbox_events \
+                  WHERE published_at IS NULL AND dead_at IS NULL \
+                    AND (NOT $4 OR shard IN (SELECT shard FROM outbox_shard_leases \
+                                             WHERE owner = $1 AND lease_until > now())) \
+                  ORDER BY seq LIMIT $7) b)) \
              AND (SELECT p.seq FROM outbox_events p \
                   WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id \
                     AND p.seq < e.seq AND p.published_at IS NULL AND p.dead_at IS NULL \

@@ -42,6 +42,11 @@ impl RelayStore for PgRelayStore {
                     .bind::<Bool, _>(owned_shards_only)
                     .bind::<Bool, _>(leader_only)
                     .bind::<Bool, _>(dead_letters_block)
+                    .bind::<diesel::sql_types::Nullable<BigInt>, _>(
+                        claim
+                            .look_ahead
+                            .map(|n| i64::try_from(n).unwrap_or(i64::MAX)),
+                    )
                     .load::<Row>(conn)
                     .await
             }
