@@ -366,7 +366,7 @@ pub async fn drain_ours(
 }
 
 /// A message of `warm-up` type to topic `order` (`bench.order` with the drains' prefix).
-fn warm_up_message() -> OutboxMessage {
+pub fn warm_up_message() -> OutboxMessage {
     OutboxMessage {
         seq: 0,
         id: uuid::Uuid::now_v7(),
