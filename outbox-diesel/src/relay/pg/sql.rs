@@ -95,6 +95,19 @@ pub const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
 /// `one_aggregate_claims_in_linear_reads` asserts that its reads grow with the batch). The
 /// window alone, without the "nothing in `b` is blocked" shortcut, took 8.3 ms on the drain.
 ///
+/// The benchmark's drain (`outbox-bench --quick --only drain --mysql "" --kafka ""`, null
+/// publisher, 20,000 events over 1,000 aggregates), the binaries before and after run back to
+/// back twice on a machine other work loaded heavily (the SQL ceiling moved 12,000–34,000
+/// events/s at batch 100 between runs, the unordered relay 61–115 % of it): sharded and leader
+/// at batch 100/1,000 with 1 and 2 relays, as % of their run's ceiling, were 35–65 % before
+/// and 69–89 % after in the first pair (better in 8 of 8), 40–85 % and 59–102 % in the second
+/// (better in 5 of 8). The claims' medians above are the steadier figure. The relay's own
+/// timings put the rest of the gap in the database too: with a null publisher a relay of any
+/// mode alternates claims and marks on its connection (claim / mark: unordered 41 / 58 %,
+/// sharded 52 / 45 % before, 42 / 55 % after at batch 1,000), and with an event of every
+/// aggregate in every batch an ordered claim beside the batch in flight would find nothing,
+/// so the `Overlap` rule's first 32 claims one batch at a time cost nothing here.
+///
 /// The dead-letter check probes the small `outbox_events_dead_aggregate` per candidate only
 /// while a dead letter exists (an uncorrelated `NOT EXISTS`, evaluated once per claim): 2,000
 /// buffers of the walk's 9,138 went to probes that found nothing.
