@@ -55,29 +55,62 @@ pub const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
 /// one-row estimate) as a sequential scan per claimed row, measured by the benchmark at 60 ms
 /// to 280 ms per claim of 1,000.
 ///
-/// The head-of-line checks are scalar subqueries with `LIMIT 1`, not `NOT EXISTS` over the
-/// pending rows: on a table whose statistics lag behind its size (a fresh or fast-growing
-/// outbox, before autovacuum analyses it) that form was planned as a probe of the `seq` index
-/// or of the whole table per candidate, measured at 20 s to over 5 minutes per claim of 1,000
-/// rows with 100,000 pending; this one stayed at a few milliseconds, analysed or not. The
-/// dead-letter check probes the small `outbox_events_dead_aggregate`. The blocked check walks
-/// the aggregate's pending rows (`outbox_events_pending_aggregate`) from its oldest up to the
-/// candidate and stops at the first blocked one: no index may read the lease columns, or the
-/// claim would not be a HOT update (see [`CLAIM_UNORDERED`]). Every unblocked pending row
-/// below a candidate is itself a candidate of the same claim, so the walk is as long as the
-/// candidate's aggregate has rows ahead of it in this claim. With many aggregates per batch
-/// that is a step or two (1,000 aggregates, batch 1,000, 20,000 rows: 19 ms per claim, it was
-/// 47 ms with the in-flight index and a non-HOT claim); with one aggregate filling the whole
-/// batch it grows with the square of the batch (measured: 264 ms per claim of 1,000, 28 ms
-/// with the in-flight index, which held no fresh rows). An aggregate whose oldest pending row
-/// is leased or waiting for a retry is found blocked at the first step.
+/// **Head of line: a window over the first batch of pending rows.** `b` reads the first `$3`
+/// pending rows of the relay's shards in `seq` order, blocked or not (one walk of the pending
+/// index, as long as the batch), each with whether it is blocked (leased by someone, or
+/// waiting for a retry). No pending row is older than `b`'s first, and every pending row of
+/// the relay's shards up to `b`'s last is in `b` (an aggregate's rows share one shard, a
+/// function of the aggregate; sharded order rests on that already). So for a candidate up to
+/// there: when no row of `b` is blocked (a relay draining a backlog one batch at a time),
+/// nothing blocks it, decided once per claim; else `w` marks a row `held` when it or an
+/// earlier row of its aggregate in `b` is blocked (a window partitioned by aggregate, sorted
+/// over `b` only: as long as the batch, whatever the backlog; evaluated only then), and the
+/// candidate qualifies if it is not `held`, a hashed lookup. This is exact wherever the
+/// blocked rows are, including after `outbox replay` made an old event pending again ahead of
+/// a leased later one (the aggregate's head is free, the rows behind the leased one are held;
+/// a "the head is blocked" shortcut would release those). No index may read the lease
+/// columns, or the claim would not be a HOT update (see [`CLAIM_UNORDERED`]), so the blocked
+/// state is read from the rows.
 ///
-/// The walk starts at the oldest pending row of the whole table (`p.seq >= (SELECT
-/// min(m.seq) …)`, computed once per claim): a blocked row is pending, so none is older, and
-/// the index entries of the aggregate's rows published since the last `VACUUM`, which the
-/// walk would otherwise step over on every probe, are skipped by the descent. Measured on
-/// 100,000 rows of which 50,000 published (1,000 aggregates, batch 1,000, sharded): 0.054 ms
-/// per probe without the bound, 0.004 ms with it; the claim took 42 ms instead of 99 ms.
+/// Candidates beyond `b` (the batch was not filled from it: some of its rows are blocked)
+/// keep the walk that was the whole check before: a scalar subquery with `LIMIT 1` over the
+/// aggregate's pending rows (`outbox_events_pending_aggregate`) from the oldest pending row
+/// of the table (`p.seq >= (SELECT min(m.seq) …)`, computed once: the index entries of rows
+/// published since the last `VACUUM` are skipped by the descent; measured 0.054 → 0.004 ms a
+/// probe on 100,000 rows of which 50,000 published) up to the candidate, stopping at the
+/// first blocked one. (Scalar subqueries, not `NOT EXISTS`: on a table whose statistics lag
+/// behind its size that form was planned as a probe of the `seq` index or of the whole table
+/// per candidate, 20 s to over 5 minutes per claim of 1,000 rows with 100,000 pending.) That
+/// walk alone steps over every unblocked earlier row of the candidate's aggregate, which are
+/// candidates of the same claim: quadratic in one aggregate's rows per batch.
+///
+/// Measured on a private PostgreSQL 15 cluster with its defaults (`initdb`, as the benchmark's
+/// drain section), batch 1,000, `jit = off`, custom plans, the median of 11–21 executions
+/// each (`EXPLAIN (ANALYZE, TIMING OFF)` in rolled-back transactions, interleaved), 20,000
+/// rows over 1,000 aggregates of which the first 5,000 published (a drain under way): sharded
+/// claim 10.1 ms (the walk) → 5.8 ms, leader 11.0 → 5.5 ms, the unordered claim 4.7 ms; batch
+/// 100: 1.42 → 1.16 ms against 0.58. Buffers of the sharded claim on the fresh table: 9,138 →
+/// 5,201 (unordered 6,187). One aggregate holding the first 1,000 of 20,000 rows: 170 ms →
+/// 9.4 ms per claim (unordered 6.2 ms), the candidates' scan 22,880 → 1,111 buffers (the test
+/// `one_aggregate_claims_in_linear_reads` asserts that its reads grow with the batch). The
+/// window alone, without the "nothing in `b` is blocked" shortcut, took 8.3 ms on the drain.
+///
+/// The benchmark's drain (`outbox-bench --quick --only drain --mysql "" --kafka ""`, null
+/// publisher, 20,000 events over 1,000 aggregates), the binaries before and after run back to
+/// back twice on a machine other work loaded heavily (the SQL ceiling moved 12,000–34,000
+/// events/s at batch 100 between runs, the unordered relay 61–115 % of it): sharded and leader
+/// at batch 100/1,000 with 1 and 2 relays, as % of their run's ceiling, were 35–65 % before
+/// and 69–89 % after in the first pair (better in 8 of 8), 40–85 % and 59–102 % in the second
+/// (better in 5 of 8). The claims' medians above are the steadier figure. The relay's own
+/// timings put the rest of the gap in the database too: with a null publisher a relay of any
+/// mode alternates claims and marks on its connection (claim / mark: unordered 41 / 58 %,
+/// sharded 52 / 45 % before, 42 / 55 % after at batch 1,000), and with an event of every
+/// aggregate in every batch an ordered claim beside the batch in flight would find nothing,
+/// so the `Overlap` rule's first 32 claims one batch at a time cost nothing here.
+///
+/// The dead-letter check probes the small `outbox_events_dead_aggregate` per candidate only
+/// while a dead letter exists (an uncorrelated `NOT EXISTS`, evaluated once per claim): 2,000
+/// buffers of the walk's 9,138 went to probes that found nothing.
 ///
 /// `$7` ([`Claim::look_ahead`](outbox_core::relay::Claim::look_ahead)), when not null,
 /// bounds the candidates to the first `$7` pending rows of the relay's shards: the relay sets
@@ -102,27 +135,46 @@ pub const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
 /// ids must be unique by construction (the default id is).
 pub const CLAIM_ORDERED: &str = "UPDATE outbox_events o \
      SET locked_by = $1, locked_until = now() + make_interval(secs => $2) \
-     WHERE o.seq = ANY(ARRAY(SELECT e.seq FROM outbox_events e \
+     WHERE o.seq = ANY(ARRAY( \
+         WITH b AS MATERIALIZED ( \
+             SELECT seq, aggregate_type, aggregate_id, \
+                    available_at > now() OR coalesce(locked_until >= now(), false) AS blocked \
+             FROM outbox_events \
+             WHERE published_at IS NULL AND dead_at IS NULL \
+               AND (NOT $4 OR shard IN (SELECT shard FROM outbox_shard_leases \
+                                        WHERE owner = $1 AND lease_until > now())) \
+             ORDER BY seq LIMIT $3), \
+         w AS MATERIALIZED ( \
+             SELECT seq, bool_or(blocked) \
+                        OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY seq) AS held \
+             FROM b) \
+         SELECT e.seq FROM outbox_events e \
            WHERE e.published_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now() \
              AND (e.locked_until IS NULL OR e.locked_until < now()) \
              AND (NOT $4 OR e.shard IN (SELECT shard FROM outbox_shard_leases \
                                         WHERE owner = $1 AND lease_until > now())) \
              AND (NOT $5 OR EXISTS (SELECT 1 FROM outbox_leader \
                                     WHERE name = 'relay' AND holder = $1 AND lease_until > now())) \
-             AND ($7::bigint IS NULL OR e.seq <= (SELECT max(b.seq) FROM ( \
+             AND ($7::bigint IS NULL OR e.seq <= (SELECT max(la.seq) FROM ( \
                   SELECT seq FROM outbox_events \
                   WHERE published_at IS NULL AND dead_at IS NULL \
                     AND (NOT $4 OR shard IN (SELECT shard FROM outbox_shard_leases \
                                              WHERE owner = $1 AND lease_until > now())) \
-                  ORDER BY seq LIMIT $7) b)) \
-             AND (SELECT p.seq FROM outbox_events p \
+                  ORDER BY seq LIMIT $7) la)) \
+             AND CASE WHEN e.seq <= (SELECT max(b.seq) FROM b) \
+                 THEN (SELECT NOT bool_or(b.blocked) FROM b) \
+                      OR e.seq IN (SELECT w.seq FROM w WHERE NOT w.held) \
+                 ELSE (SELECT p.seq FROM outbox_events p \
                   WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id \
                     AND p.seq < e.seq AND p.published_at IS NULL AND p.dead_at IS NULL \
                     AND p.seq >= (SELECT min(m.seq) FROM outbox_events m \
                                   WHERE m.published_at IS NULL AND m.dead_at IS NULL) \
                     AND (p.available_at > now() OR p.locked_until >= now()) \
-                  LIMIT 1) IS NULL \
-             AND (NOT $6 OR (SELECT d.seq FROM outbox_events d \
+                  LIMIT 1) IS NULL END \
+             AND (NOT $6 \
+                  OR NOT EXISTS (SELECT 1 FROM outbox_events x \
+                                 WHERE x.dead_at IS NOT NULL AND x.published_at IS NULL) \
+                  OR (SELECT d.seq FROM outbox_events d \
                   WHERE d.aggregate_type = e.aggregate_type AND d.aggregate_id = e.aggregate_id \
                     AND d.seq < e.seq AND d.dead_at IS NOT NULL AND d.published_at IS NULL \
                   LIMIT 1) IS NULL) \
