@@ -50,7 +50,11 @@ fn main() {
     let config = common::quick_config(); // lease 2 s
 
     println!("1. Relay A publishes the event and is killed before marking it.");
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    // Multi-threaded: relay A is killed by dropping its future, possibly while a statement of
+    // its SQLite store is in flight (the relay works on the database while publishes run),
+    // and dropping that waits for it in place, which a current-thread runtime cannot do.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();

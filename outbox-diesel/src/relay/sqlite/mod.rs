@@ -87,7 +87,12 @@ pub(super) fn before(at: DateTime<Utc>, d: Duration) -> String {
 /// - **The connection** runs with `journal_mode = WAL` and `PRAGMA busy_timeout` at 5 s,
 ///   or a third of the relay's lease if that is shorter (SQLite has no statement timeout).
 ///   Each call runs on Tokio's blocking pool (diesel-async's `SyncConnectionWrapper`), and
-///   a call's unit of work runs to its end even if the relay stops waiting for it.
+///   a call's unit of work runs to its end even if the relay stops waiting for it. Dropping
+///   a running relay's future while a call is in flight (killing it, e.g. by `select!` or
+///   `timeout`) waits for that call in place, which needs Tokio's multi-threaded runtime:
+///   on a current-thread runtime diesel-async panics there ("can call blocking only when
+///   running on the multi-threaded runtime"). On a current-thread runtime stop the relay
+///   through its shutdown future, which finishes the call first.
 ///
 /// The database must be a file (or a shared-cache URI): `:memory:` would give the store a
 /// database of its own, without the application's outbox.
