@@ -354,3 +354,35 @@ async fn stream_relays_killed_at_random_lose_nothing_and_keep_order() {
     assert!(phantom.is_empty(), "phantom: {phantom:?}");
     assert!(disorder.is_empty(), "out of order: {disorder:?}");
 }
+
+/// The MySQL/MariaDB and SQLite stores refuse stream mode with a typed error naming it.
+#[tokio::test]
+async fn stream_mode_is_refused_where_it_is_not_built() {
+    let claim = Claim {
+        relay: "r",
+        limit: 10,
+        lease: Duration::from_secs(5),
+        order: ClaimOrder::Stream,
+    };
+    #[cfg(feature = "sqlite")]
+    {
+        let db = TestDatabase::sqlite("stream_refused");
+        let err = SqliteRelayStore::new(&db.url)
+            .claim(&claim)
+            .await
+            .unwrap_err();
+        let refused = err.unsupported_mode().expect("an UnsupportedMode");
+        assert_eq!((refused.mode, refused.backend), ("stream", "SQLite"));
+        assert!(err.to_string().contains("`stream` mode"), "{err}");
+    }
+    #[cfg(feature = "mysql")]
+    {
+        let db = TestDatabase::mysql("stream_refused");
+        let err = MysqlRelayStore::new(&db.url)
+            .claim(&claim)
+            .await
+            .unwrap_err();
+        let refused = err.unsupported_mode().expect("an UnsupportedMode");
+        assert_eq!((refused.mode, refused.backend), ("stream", "MySQL/MariaDB"));
+    }
+}
