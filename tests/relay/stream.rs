@@ -386,3 +386,97 @@ async fn stream_mode_is_refused_where_it_is_not_built() {
         assert_eq!((refused.mode, refused.backend), ("stream", "MySQL/MariaDB"));
     }
 }
+
+/// A failing event stops its shard's position before it: it is retried after the backoff
+/// with its attempt counted (1, 2, then published at 3), the later events of its aggregate
+/// are first delivered after it, and an outage before that (twice `Unavailable`) counts no
+/// attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_failure_holds_the_position_and_outage_counts_no_attempt() {
+    let db = Postgres::database("stream_fail");
+    let broker = Arc::new(MemoryBroker::new());
+    let seen: Arc<Mutex<Vec<(&'static str, i32)>>> = Arc::default();
+    let is_x5 = |m: &OutboxMessage| m.aggregate_id == "x" && m.payload.contains("\"n\": 5");
+    {
+        let seen = seen.clone();
+        broker.unavailable_when(move |m| {
+            if !is_x5(m) {
+                return None;
+            }
+            let mut s = seen.lock().unwrap();
+            let outages = s.iter().filter(|(k, _)| *k == "unavailable").count();
+            (outages < 2).then(|| {
+                s.push(("unavailable", m.attempts));
+                "broker down".to_owned()
+            })
+        });
+    }
+    {
+        let seen = seen.clone();
+        broker.fail_when(move |m| {
+            if !is_x5(m) {
+                return None;
+            }
+            let mut s = seen.lock().unwrap();
+            if m.attempts < 3 {
+                s.push(("failed", m.attempts));
+                Some("refused".to_owned())
+            } else {
+                s.push(("published", m.attempts));
+                None
+            }
+        });
+    }
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    for n in 1..=20 {
+        insert(&mut conn, "x", n);
+        insert(&mut conn, &format!("y{n}"), 1);
+    }
+    let config = RelayConfig {
+        backoff: Backoff {
+            initial: Duration::from_millis(200),
+            max: Duration::from_millis(400),
+            multiplier: 2.0,
+            jitter: 0.0,
+        },
+        outage_backoff: Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(100),
+            multiplier: 2.0,
+            jitter: 0.0,
+        },
+        ..stream_config()
+    };
+    let relay = Relay::new(PgRelayStore::new(&db.url), broker.clone(), config).unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    let started = Instant::now();
+    while delivered(&broker).iter().collect::<HashSet<_>>().len() < 40
+        && started.elapsed() < Duration::from_secs(15)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    let records = delivered(&broker);
+    let unique: HashSet<_> = records.iter().cloned().collect();
+    assert_eq!(unique.len(), 40, "every event published");
+    assert!(out_of_order(&records).is_empty(), "{records:?}");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![
+            ("unavailable", 1),
+            ("unavailable", 1),
+            ("failed", 1),
+            ("failed", 2),
+            ("published", 3)
+        ]
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "two backoffs of 200 and 400 ms"
+    );
+}

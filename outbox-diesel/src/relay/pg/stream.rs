@@ -34,7 +34,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use diesel::QueryableByName;
-use diesel::sql_types::{Array, BigInt, Bool, Nullable, SmallInt, Text};
+use diesel::sql_types::{Array, BigInt, Nullable, SmallInt, Text};
 use diesel_async::RunQueryDsl;
 use outbox_core::relay::{OutboxMessage, StoreError};
 
@@ -52,8 +52,7 @@ const IDLE_ADVANCE: Duration = Duration::from_secs(1);
 /// The positions of the shards `$1` holds a live lease on, with the snapshot their next
 /// delta ends at: the one being consumed, else the current one.
 pub(crate) const POSITIONS: &str = "SELECT p.shard, p.last_snapshot::text AS last_snap, \
-     coalesce(p.cur_snapshot, pg_current_snapshot())::text AS cur_snap, \
-     p.cur_snapshot IS NULL AS fresh, p.cur_seq, p.version \
+     coalesce(p.cur_snapshot, pg_current_snapshot())::text AS cur_snap, p.cur_seq, p.version \
      FROM outbox_stream_positions p JOIN outbox_shard_leases l ON l.shard = p.shard \
      WHERE l.owner = $1 AND l.lease_until > now() ORDER BY p.shard";
 
@@ -126,9 +125,6 @@ struct PositionRow {
     last_snap: String,
     #[diesel(sql_type = Text)]
     cur_snap: String,
-    #[diesel(sql_type = Bool)]
-    #[allow(dead_code)]
-    fresh: bool,
     #[diesel(sql_type = BigInt)]
     cur_seq: i64,
     #[diesel(sql_type = BigInt)]
