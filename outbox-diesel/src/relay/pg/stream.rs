@@ -27,8 +27,9 @@
 //!
 //! ## The claim's cost
 //!
-//! `EXPLAIN (ANALYZE, BUFFERS)` on 100,000 rows: see [`CANDIDATES`] (17 ms in steady state;
-//! a 100,000-row delta costs 0.4 s a claim).
+//! `EXPLAIN (ANALYZE, BUFFERS)` on 100,000 rows: see [`CANDIDATES`] (17 ms in steady state,
+//! 5 ms a claim of a 100,000-row backlog with bounded deltas; 0.4 s a claim when one
+//! transaction wrote the 100,000 rows).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -50,11 +51,37 @@ pub(crate) const DEAD_LETTER_HOLD: Duration = Duration::from_secs(60);
 const IDLE_ADVANCE: Duration = Duration::from_secs(1);
 
 /// The positions of the shards `$1` holds a live lease on, with the snapshot their next
-/// delta ends at: the one being consumed, else the current one.
-pub(crate) const POSITIONS: &str = "SELECT p.shard, p.last_snapshot::text AS last_snap, \
-     coalesce(p.cur_snapshot, pg_current_snapshot())::text AS cur_snap, p.cur_seq, p.version \
-     FROM outbox_stream_positions p JOIN outbox_shard_leases l ON l.shard = p.shard \
-     WHERE l.owner = $1 AND l.lease_until > now() ORDER BY p.shard";
+/// delta ends at: the one being consumed; else a bounded one (PgQ's tick, made after the
+/// fact): `X:X:` (every transaction below X visible) where X - 1 is the xid of the shard's
+/// k-th row from the last snapshot's xmin on (k = `$2` / the shards held, at least 1), raised
+/// to the last snapshot's xmax (so `X:X:` sees everything the last snapshot saw: a lower X
+/// would forget transactions above it that were already published, and publish them again;
+/// the trap test caught that), if every transaction below X has ended (X at most the
+/// current snapshot's xmin); else the current snapshot. A delta then holds about k rows a
+/// shard (more when one transaction wrote more), which keeps a claim's scan about a batch
+/// long however large the backlog (see [`CANDIDATES`]). X is above the last snapshot's
+/// xmin, so positions always move on.
+pub(crate) const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
+         SELECT p.shard, p.last_snapshot, p.cur_snapshot, p.cur_seq, p.version \
+         FROM outbox_stream_positions p JOIN outbox_shard_leases l ON l.shard = p.shard \
+         WHERE l.owner = $1 AND l.lease_until > now()), \
+     per AS (SELECT greatest(1, $2 / greatest(1, count(*)))::bigint AS k FROM mine), \
+     snap AS (SELECT pg_current_snapshot() AS s) \
+     SELECT m.shard, m.last_snapshot::text AS last_snap, \
+         coalesce(m.cur_snapshot::text, \
+             CASE WHEN b.x IS NOT NULL AND b.x <= pg_snapshot_xmin(snap.s)::text::bigint \
+                  THEN b.x::text || ':' || b.x::text || ':' \
+                  ELSE snap.s::text END) AS cur_snap, \
+         m.cur_seq, m.version \
+     FROM mine m CROSS JOIN snap \
+     LEFT JOIN LATERAL ( \
+         SELECT greatest(o.xid::text::bigint + 1, \
+                         pg_snapshot_xmax(m.last_snapshot)::text::bigint) AS x \
+         FROM outbox_events o \
+         WHERE m.cur_snapshot IS NULL AND o.shard = m.shard \
+           AND o.xid >= pg_snapshot_xmin(m.last_snapshot) \
+         ORDER BY o.xid OFFSET (SELECT k FROM per) LIMIT 1) b ON true \
+     ORDER BY m.shard";
 
 /// The batch: per shard (`$1`, with its last snapshot `$2`, the snapshot `$3` the delta ends
 /// at and the cursor `$4`), the rows committed between the two snapshots after the cursor,
@@ -74,14 +101,16 @@ pub(crate) const POSITIONS: &str = "SELECT p.shard, p.last_snapshot::text AS las
 ///   17.4 ms, 4,499 shared buffers (the `(shard, xid)` scans read the 1,000 new rows only, 4
 ///   a shard; then 1,000 primary-key lookups for the payloads);
 /// - nothing committed since the positions: 3.5 ms, 512 buffers (256 empty index scans);
-/// - a backlog of 100,000 rows in one delta (a relay starting after a long pause: 391 rows a
-///   shard): 382 ms and 450 ms, 100,527 buffers and a 2.5 MB external sort for the window
-///   count: every claim reads the whole rest of each shard's delta (its rows are in xid
-///   order in the index and must be sorted by seq), so draining a delta of D rows in
-///   batches of B costs about D / B claims of O(D) each. Not fixed in this slice; the fix is
-///   PgQ's tick: bound each delta by a synthetic snapshot `X:X:` with X at most the current
-///   snapshot's xmin (every transaction below it has ended), X chosen so a delta holds about
-///   a batch (`SELECT xid ... ORDER BY xid OFFSET batch LIMIT 1` on the same index).
+/// - a backlog of 100,000 rows written by one transaction (one delta that cannot be split:
+///   391 rows a shard): 382 ms and 450 ms, 100,527 buffers and a 2.5 MB external sort for the
+///   window count: every claim reads the whole rest of each shard's delta (its rows are in
+///   xid order in the index and must be sorted by seq), so draining a delta of D rows in
+///   batches of B costs about D / B claims of O(D) each. Only a transaction that wrote many
+///   rows gives such a delta now: the positions bound every new delta (see [`POSITIONS`]);
+/// - a backlog of 100,000 rows written by 1,000 transactions of 100 (a relay starting after
+///   a pause), bounded: [`POSITIONS`] 2.7 ms (1,284 buffers), this statement 4.8 ms and
+///   4.9 ms (4,778 buffers, 1,000 rows, 4 a shard). Before the bound (the current snapshot
+///   as the delta's end) it was the case above: 0.4 s a claim.
 ///
 /// Command: the `CANDIDATES` and `POSITIONS` texts run with `psql` (`PREPARE`, then
 /// `EXPLAIN (ANALYZE, BUFFERS) EXECUTE` with the positions' arrays from `\gset`) on a
@@ -237,6 +266,7 @@ impl PgRelayStore {
         let conn = self.base.guarded("claim", lease).await?;
         let r = diesel::sql_query(POSITIONS)
             .bind::<Text, _>(relay)
+            .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
             .load::<PositionRow>(conn)
             .await;
         let mut positions = self.base.check("claim", r)?;
