@@ -72,6 +72,8 @@ pub(crate) const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
              CASE WHEN b.x IS NOT NULL AND b.x <= pg_snapshot_xmin(snap.s)::text::bigint \
                   THEN b.x::text || ':' || b.x::text || ':' \
                   ELSE snap.s::text END) AS cur_snap, \
+         (m.cur_snapshot IS NULL AND b.x IS NOT NULL \
+          AND b.x <= pg_snapshot_xmin(snap.s)::text::bigint) AS bounded, \
          m.cur_seq, m.version \
      FROM mine m CROSS JOIN snap \
      LEFT JOIN LATERAL ( \
@@ -154,6 +156,9 @@ struct PositionRow {
     last_snap: String,
     #[diesel(sql_type = Text)]
     cur_snap: String,
+    /// `cur_snap` is a bound (`X:X:`), not the current snapshot.
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    bounded: bool,
     #[diesel(sql_type = BigInt)]
     cur_seq: i64,
     #[diesel(sql_type = BigInt)]
@@ -256,6 +261,25 @@ impl PgRelayStore {
         limit: usize,
         lease: Duration,
     ) -> Result<Vec<OutboxMessage>, StoreError> {
+        // A bounded delta can hold nothing for this relay (its rows were all seen by the last
+        // snapshot, or are other shards'): its positions move on at once and the claim looks
+        // again, so that an event committed after the bound is not held back until the next
+        // idle advance. Each round moves every bounded position past at least one row.
+        for _ in 0..8 {
+            if let Some(batch) = self.claim_stream_round(relay, limit, lease).await? {
+                return Ok(batch);
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// One claim: `None` when it found nothing to publish but moved bounded positions on.
+    async fn claim_stream_round(
+        &mut self,
+        relay: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Option<Vec<OutboxMessage>>, StoreError> {
         if self.stream.pending.take().is_some() {
             // The engine claims only after the batch in flight settled; one left means its
             // settle gave up (the database was away past the lease): its rows come again.
@@ -272,8 +296,9 @@ impl PgRelayStore {
         let mut positions = self.base.check("claim", r)?;
         positions.retain(|p| !self.stream.holds.contains_key(&p.shard));
         if positions.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
+        let bounded = positions.iter().any(|p| p.bounded);
         let shards: Vec<i16> = positions.iter().map(|p| p.shard).collect();
         let lasts: Vec<&str> = positions.iter().map(|p| p.last_snap.as_str()).collect();
         let curs: Vec<&str> = positions.iter().map(|p| p.cur_snap.as_str()).collect();
@@ -326,6 +351,10 @@ impl PgRelayStore {
             outcomes: HashMap::new(),
         };
         if messages.is_empty() {
+            if bounded {
+                self.advance(relay, &pending).await?;
+                return Ok(None);
+            }
             // Nothing to publish: move the idle shards on, at most once per IDLE_ADVANCE.
             if self
                 .stream
@@ -335,10 +364,10 @@ impl PgRelayStore {
                 self.stream.last_idle_advance = Some(Instant::now());
                 self.advance(relay, &pending).await?;
             }
-            return Ok(messages);
+            return Ok(Some(messages));
         }
         self.stream.pending = Some(pending);
-        Ok(messages)
+        Ok(Some(messages))
     }
 
     /// Records the outcome of `seqs` of the stream batch in flight; once every event of the
