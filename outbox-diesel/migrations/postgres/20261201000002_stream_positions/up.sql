@@ -17,6 +17,10 @@ ALTER TABLE outbox_events ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_i
 -- that range scan; (xid) alone would read every shard's rows for each shard. The delta is
 -- then sorted by seq (per-aggregate order), which needs no index: a delta is bounded by what
 -- committed between two claims (see the EXPLAIN in outbox-diesel/src/relay/pg/stream.rs).
+-- Every mode pays one more B-tree entry per insert (and per non-HOT mark of the lease modes;
+-- their claims stay HOT: no index reads the lease columns). Measured: a 100,000-row INSERT
+-- into a table with (shard, seq) took 442 and 491 ms without this index, 790 and 481 ms
+-- with it: within the shared machine's noise; not measured on a private cluster yet.
 CREATE INDEX outbox_events_stream ON outbox_events (shard, xid);
 
 -- One row per shard: how far the stream has published it.
