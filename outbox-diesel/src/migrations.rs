@@ -46,6 +46,7 @@ pub(crate) const POSTGRES: &[Migration] = embed!("postgres":
     "20261130000004" _ "row_checks",
     "20261130000005" _ "insert_defaults",
     "20261201000001" _ "hot_claims",
+    "20261201000002" _ "stream_positions",
 );
 #[cfg(feature = "mysql_backend")]
 pub(crate) const MYSQL: &[Migration] = embed!("mysql":

@@ -83,7 +83,8 @@ struct RelayArgs {
     #[arg(long, env = "KAFKA_BROKERS")]
     brokers: String,
     /// How relays share the work: `sharded` (per-aggregate order, the default), `leader`
-    /// (one active relay, ordered) or `unordered` (no order, opt-out).
+    /// (one active relay, ordered), `unordered` (no order, opt-out) or `stream` (PostgreSQL
+    /// only: ordered, reads by snapshots and never updates event rows).
     #[arg(long, env = "OUTBOX_MODE", default_value = "sharded")]
     mode: Mode,
     /// Events per claim.
@@ -391,6 +392,18 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
         }
         None => None,
     };
+    if config.mode == Mode::Stream && !matches!(backend, Backend::Postgres) {
+        return Err(Fatal(
+            outbox::relay::UnsupportedMode::new(
+                "stream",
+                match backend {
+                    Backend::Mysql => "MySQL/MariaDB",
+                    _ => "SQLite",
+                },
+            )
+            .to_string(),
+        ));
+    }
     match backend {
         Backend::Postgres => {
             // The store keeps its statement timeout below a third of the relay's lease.

@@ -22,3 +22,5 @@ mod mysql;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "postgres")]
+mod stream;

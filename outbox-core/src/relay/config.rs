@@ -23,6 +23,22 @@ pub enum Mode {
     /// One active relay (a lease row elects it), the others wait as hot standbys; ordered as
     /// in `Sharded`.
     Leader,
+    /// PostgreSQL only. Relays never update event rows: each row records its writer's
+    /// transaction (`xid`), and a relay publishes, per shard it owns (shards are leased as
+    /// in `Sharded`), the rows that committed between the shard's last consumed snapshot and
+    /// the current one (`pg_current_snapshot()`), in `seq` order, then advances the shard's
+    /// position (`outbox_stream_positions`). A transaction that commits late is never
+    /// skipped and nothing uncommitted is read: an event is published after its transaction
+    /// commits, with the next claim of its shard. A long open transaction does not hold
+    /// back the others, but while it is open every claim scans its shards' rows from that
+    /// transaction's id on (the snapshot's `xmin`), so the claim's cost, and so latency
+    /// under load, grows with the age of the oldest open transaction. Order within an
+    /// aggregate is commit order, which is `seq` order when the writes to an aggregate are
+    /// serialized (as they must be for every mode). One batch in flight at a time. Not built
+    /// yet: dead letters (an event that keeps failing holds its shard back), retention of
+    /// published rows (they keep `published_at` NULL). MySQL and SQLite stores refuse it
+    /// ([`UnsupportedMode`](super::UnsupportedMode)).
+    Stream,
 }
 
 impl std::str::FromStr for Mode {
@@ -33,8 +49,9 @@ impl std::str::FromStr for Mode {
             "unordered" => Ok(Mode::Unordered),
             "sharded" => Ok(Mode::Sharded),
             "leader" => Ok(Mode::Leader),
+            "stream" => Ok(Mode::Stream),
             other => Err(format!(
-                "unknown relay mode `{other}`: expected `unordered`, `sharded` or `leader`"
+                "unknown relay mode `{other}`: expected `unordered`, `sharded`, `leader` or `stream`"
             )),
         }
     }

@@ -14,6 +14,19 @@ fn the_default_is_valid_and_ordered() {
     assert_eq!(RelayConfig::default().mode, Mode::Sharded);
 }
 
+#[test]
+fn every_mode_parses_by_its_name() {
+    for (name, mode) in [
+        ("unordered", Mode::Unordered),
+        ("sharded", Mode::Sharded),
+        ("leader", Mode::Leader),
+        ("stream", Mode::Stream),
+    ] {
+        assert_eq!(name.parse::<Mode>(), Ok(mode));
+    }
+    assert!("streams".parse::<Mode>().unwrap_err().contains("`stream`"));
+}
+
 type Change = Box<dyn FnOnce(&mut RelayConfig)>;
 
 #[test]

@@ -114,7 +114,9 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
 
             // Settle the batches whose publish has finished, oldest first, and make room in a
             // full window. After a broker outage the relay probes with one batch at a time.
-            let limit = if broker_outage > 0 {
+            // Stream mode: one batch in flight. A batch's position is the start of the next
+            // one's, so the next claim waits for this one's settle (see `ClaimOrder::Stream`).
+            let limit = if broker_outage > 0 || self.config.mode == Mode::Stream {
                 1
             } else {
                 self.config.max_in_flight

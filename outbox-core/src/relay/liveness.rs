@@ -111,6 +111,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 leader_only: true,
                 dead_letters_block,
             },
+            Mode::Stream => ClaimOrder::Stream,
         }
     }
 
@@ -124,7 +125,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                     .acquire_leadership(relay, self.config.lease)
                     .await
             }
-            Mode::Sharded => {
+            Mode::Sharded | Mode::Stream => {
                 let assignment = self
                     .store
                     .rebalance_shards(relay, self.config.lease)
@@ -148,7 +149,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         // of a lease, standbys look every tenth, so a dead leader's work moves on soon after
         // its lease ends (or at once, when its session is reaped).
         match self.config.mode {
-            Mode::Sharded => self.liveness_every(),
+            Mode::Sharded | Mode::Stream => self.liveness_every(),
             _ if active => self.config.lease / 3,
             _ => self.config.lease / 10,
         }

@@ -35,4 +35,5 @@ pub use publisher::{Delivery, OutboxMessage, Publisher};
 pub use stats::RelayStats;
 pub use store::{
     Claim, ClaimOrder, Completion, Failure, RelayIdInUse, RelayStore, ShardAssignment, StoreError,
+    UnsupportedMode,
 };

@@ -24,7 +24,51 @@ pub enum ClaimOrder {
         /// Whether a dead-lettered event blocks the later events of its aggregate.
         dead_letters_block: bool,
     },
+    /// Stream mode ([`Mode::Stream`](super::Mode::Stream)), PostgreSQL only: the rows of the
+    /// shards this relay holds a live lease on that committed since the shard's stored
+    /// position, in `seq` order; no row is updated. `complete`, `fail` and `release` of the
+    /// batch then advance the positions (up to the first event not published). Stores that
+    /// cannot do it return [`UnsupportedMode`] from `claim`.
+    Stream,
 }
+
+/// The store cannot run the relay in this mode, e.g. [`Mode::Stream`](super::Mode::Stream)
+/// on MySQL or SQLite. Returned (as the source of a [`StoreError`]) by `claim`.
+///
+/// ```
+/// use outbox_core::relay::{StoreError, UnsupportedMode};
+/// let e = StoreError::new("claim", UnsupportedMode::new("stream", "MySQL"));
+/// assert!(e.to_string().contains("`stream` mode"));
+/// assert_eq!(e.unsupported_mode().unwrap().mode, "stream");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UnsupportedMode {
+    /// The mode's name, as `--mode` takes it.
+    pub mode: &'static str,
+    /// The database, e.g. `MySQL`.
+    pub backend: &'static str,
+}
+
+impl UnsupportedMode {
+    /// `backend` cannot run `mode`.
+    pub fn new(mode: &'static str, backend: &'static str) -> Self {
+        UnsupportedMode { mode, backend }
+    }
+}
+
+impl std::fmt::Display for UnsupportedMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the relay's `{}` mode is not supported on {} (it is PostgreSQL only): choose \
+             `sharded`, `leader` or `unordered`",
+            self.mode, self.backend
+        )
+    }
+}
+
+impl std::error::Error for UnsupportedMode {}
 
 /// One claim request.
 #[derive(Debug, Clone, Copy)]
@@ -125,6 +169,11 @@ impl StoreError {
     /// The store refused to work because another live relay uses this relay's id (see
     /// [`RelayIdInUse`]).
     pub fn relay_id_in_use(&self) -> Option<&RelayIdInUse> {
+        self.source.downcast_ref()
+    }
+
+    /// The store cannot run the relay's mode (see [`UnsupportedMode`]).
+    pub fn unsupported_mode(&self) -> Option<&UnsupportedMode> {
         self.source.downcast_ref()
     }
 }

@@ -221,6 +221,7 @@ pub(crate) fn mode_name(mode: outbox_core::relay::Mode) -> &'static str {
         outbox_core::relay::Mode::Unordered => "unordered",
         outbox_core::relay::Mode::Sharded => "sharded",
         outbox_core::relay::Mode::Leader => "leader",
+        outbox_core::relay::Mode::Stream => "stream",
     }
 }
 

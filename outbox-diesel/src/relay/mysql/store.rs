@@ -35,6 +35,12 @@ fn truncate_error(error: &str) -> &str {
 
 impl RelayStore for MysqlRelayStore {
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
+        if claim.order == outbox_core::relay::ClaimOrder::Stream {
+            return Err(StoreError::new(
+                "claim",
+                outbox_core::relay::UnsupportedMode::new("stream", "MySQL/MariaDB"),
+            ));
+        }
         let conn = self.base.guarded("claim", claim.lease).await?;
         match in_transaction!(conn, async |conn| claim_in(conn, claim).await) {
             Ok(rows) => {

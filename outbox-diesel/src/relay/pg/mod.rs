@@ -4,6 +4,7 @@
 pub(super) mod sessions;
 pub(super) mod sql;
 mod store;
+mod stream;
 
 use std::time::Duration;
 
@@ -103,6 +104,7 @@ pub struct PgRelayStore {
     base: Base<PgConnector>,
     listener: Option<AsyncPgConnection>,
     listen: bool,
+    stream: stream::StreamState,
 }
 
 impl PgRelayStore {
@@ -112,6 +114,7 @@ impl PgRelayStore {
             base: Base::new(url.into(), PgConnector { session: None }),
             listener: None,
             listen: true,
+            stream: stream::StreamState::default(),
         }
     }
 

@@ -225,12 +225,12 @@ pub(super) const LEAD: &str = "INSERT INTO outbox_leader (name, holder, lease_un
 pub(super) const HEARTBEAT: &str = "INSERT INTO outbox_relays (relay_id, heartbeat_until, mode) \
      VALUES ($1, now() + make_interval(secs => $2), 'sharded') \
      ON CONFLICT (relay_id) DO UPDATE SET heartbeat_until = EXCLUDED.heartbeat_until, \
-         mode = 'sharded'";
+         mode = CASE outbox_relays.mode WHEN 'stream' THEN 'stream' ELSE 'sharded' END";
 
-/// Only sharded relays share the shards: relays of other modes heartbeat here too (for
-/// `outbox status` and session detection) but must not shrink the fair share.
+/// Only sharded (and stream) relays share the shards: relays of other modes heartbeat here
+/// too (for `outbox status` and session detection) but must not shrink the fair share.
 pub(super) const LIVE_RELAYS: &str = "SELECT COUNT(*) AS n FROM outbox_relays \
-     WHERE heartbeat_until > now() AND mode = 'sharded'";
+     WHERE heartbeat_until > now() AND mode IN ('sharded', 'stream')";
 
 pub(super) const FORGET_DEAD_RELAYS: &str =
     "DELETE FROM outbox_relays WHERE heartbeat_until < now() - interval '1 hour'";

@@ -10,6 +10,7 @@ use outbox_core::relay::{
 };
 
 use super::sql::*;
+use super::stream::{DEAD_LETTER_HOLD, Outcome};
 use super::{PgRelayStore, Row, cleanup_query};
 use crate::relay::base::server_methods;
 use crate::relay::common::{
@@ -19,6 +20,11 @@ use crate::relay::common::{
 
 impl RelayStore for PgRelayStore {
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
+        if claim.order == ClaimOrder::Stream {
+            return self
+                .claim_stream(claim.relay, claim.limit, claim.lease)
+                .await;
+        }
         let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX);
         let conn = self.base.guarded("claim", claim.lease).await?;
         let r = match claim.order {
@@ -50,6 +56,7 @@ impl RelayStore for PgRelayStore {
                     .load::<Row>(conn)
                     .await
             }
+            ClaimOrder::Stream => Ok(Vec::new()), // claimed above
         };
         let sorted = split_malformed(
             self.base
@@ -66,6 +73,10 @@ impl RelayStore for PgRelayStore {
         seqs: &[i64],
         completion: Completion,
     ) -> Result<u64, StoreError> {
+        if self.stream.in_flight() {
+            let done = seqs.iter().map(|s| (*s, Outcome::Published));
+            return self.settle_stream(relay, done).await;
+        }
         let sql = match completion {
             Completion::MarkPublished => COMPLETE_MARK,
             Completion::Delete => COMPLETE_DELETE,
@@ -80,6 +91,20 @@ impl RelayStore for PgRelayStore {
     }
 
     async fn fail(&mut self, relay: &str, failures: &[Failure]) -> Result<u64, StoreError> {
+        if self.stream.in_flight() {
+            let failed = failures.iter().map(|f| {
+                let after = f.retry_after.unwrap_or_else(|| {
+                    tracing::error!(
+                        seq = f.seq,
+                        "stream mode has no dead letters yet: the event holds its shard and is \
+                         retried"
+                    );
+                    DEAD_LETTER_HOLD
+                });
+                (f.seq, Outcome::Failed(after))
+            });
+            return self.settle_stream(relay, failed).await;
+        }
         let seqs: Vec<i64> = failures.iter().map(|f| f.seq).collect();
         let delays: Vec<f64> = failures
             .iter()
@@ -100,6 +125,10 @@ impl RelayStore for PgRelayStore {
     }
 
     async fn release(&mut self, relay: &str, seqs: &[i64]) -> Result<u64, StoreError> {
+        if self.stream.in_flight() {
+            let back = seqs.iter().map(|s| (*s, Outcome::Released));
+            return self.settle_stream(relay, back).await;
+        }
         let conn = self.base.conn().await?;
         let r = diesel::sql_query(RELEASE)
             .bind::<Text, _>(relay)

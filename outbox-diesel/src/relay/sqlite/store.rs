@@ -65,6 +65,8 @@ fn claim_in(
             .bind::<Bool, _>(leader_only)
             .bind::<Bool, _>(dead_letters_block)
             .load::<TextIdRow>(conn)?,
+        // Refused by the store's `claim` before it gets here.
+        ClaimOrder::Stream => Vec::new(),
     };
     Ok(rows.into_iter().map(TextIdRow::into_message).collect())
 }
@@ -117,6 +119,12 @@ fn rebalance_in(
 
 impl RelayStore for SqliteRelayStore {
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
+        if claim.order == ClaimOrder::Stream {
+            return Err(StoreError::new(
+                "claim",
+                outbox_core::relay::UnsupportedMode::new("stream", "SQLite"),
+            ));
+        }
         self.base.lease(claim.lease);
         let relay = claim.relay.to_owned();
         let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX);

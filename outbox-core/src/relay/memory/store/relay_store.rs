@@ -48,6 +48,12 @@ impl RelayStore for MemoryStore {
                 leader_only,
                 dead_letters_block,
             } => (true, owned_shards_only, leader_only, dead_letters_block),
+            ClaimOrder::Stream => {
+                return Err(StoreError::new(
+                    "claim",
+                    crate::relay::UnsupportedMode::new("stream", "the in-memory store"),
+                ));
+            }
         };
         if leader_only && !matches!(&s.leader, Some((h, until)) if h == relay && *until > now) {
             return Ok(Vec::new());
