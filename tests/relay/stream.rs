@@ -362,6 +362,7 @@ async fn stream_mode_is_refused_where_it_is_not_built() {
         relay: "r",
         limit: 10,
         lease: Duration::from_secs(5),
+        look_ahead: None,
         order: ClaimOrder::Stream,
     };
     #[cfg(feature = "sqlite")]
