@@ -82,6 +82,7 @@ pub(crate) const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
          FROM outbox_events o \
          WHERE m.cur_snapshot IS NULL AND o.shard = m.shard \
            AND o.xid >= pg_snapshot_xmin(m.last_snapshot) \
+           AND o.published_at IS NULL AND o.dead_at IS NULL \
          ORDER BY o.xid OFFSET (SELECT k FROM per) LIMIT 1) b ON true \
      ORDER BY m.shard";
 
