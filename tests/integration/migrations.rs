@@ -26,6 +26,15 @@ fn postgres_schema() {
         partial.n, 3,
         "pending, pending-aggregate and pending-shard partial indexes"
     );
+    // The stream index carries one more condition, so that the lease modes' statements, whose
+    // conditions imply the pending predicate, are never planned on it.
+    let stream = diesel::sql_query(
+        "SELECT COUNT(*) AS n FROM pg_indexes WHERE indexname = 'outbox_events_stream' \
+         AND indexdef LIKE '%(xid IS NOT NULL)%'",
+    )
+    .get_result::<Count>(&mut conn)
+    .unwrap();
+    assert_eq!(stream.n, 1, "the stream index, kept off the lease claims");
     let recorded = diesel::sql_query(
         "SELECT COUNT(*) AS n FROM __diesel_schema_migrations WHERE version = '20261129000001'",
     )
