@@ -5,17 +5,18 @@ use std::collections::HashMap;
 
 use crate::relay::{Delivery, OutboxMessage};
 
-/// The order in which to enqueue `batch`: grouped by ordering key (groups in order of first
-/// appearance), each group in batch order.
+/// The order in which to enqueue the messages of `batch` at `indices` (ascending): grouped by
+/// ordering key (groups in order of first appearance), each group in batch order.
 ///
 /// Grouping keeps the messages of one key next to each other in librdkafka's partition queue
 /// and enqueued within microseconds of each other, so they share a produce request and their
 /// `message.timeout.ms` deadlines are practically equal (see the module docs for why that
 /// matters). Order across keys is not promised, so regrouping costs nothing.
-pub(crate) fn enqueue_order(batch: &[OutboxMessage]) -> Vec<usize> {
+pub(crate) fn enqueue_order(batch: &[OutboxMessage], indices: &[usize]) -> Vec<usize> {
     let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
     let mut groups: Vec<Vec<usize>> = Vec::new();
-    for (i, msg) in batch.iter().enumerate() {
+    for &i in indices {
+        let msg = &batch[i];
         let g = *group_of.entry(msg.ordering_key()).or_insert_with(|| {
             groups.push(Vec::new());
             groups.len() - 1
@@ -88,8 +89,12 @@ mod tests {
             msg("order", "2"),
             msg("order", "1"),
         ];
-        assert_eq!(enqueue_order(&batch), [0, 3, 5, 1, 4, 2]);
-        assert_eq!(enqueue_order(&[]), Vec::<usize>::new());
+        assert_eq!(
+            enqueue_order(&batch, &[0, 1, 2, 3, 4, 5]),
+            [0, 3, 5, 1, 4, 2]
+        );
+        assert_eq!(enqueue_order(&batch, &[1, 2, 5]), [1, 2, 5]);
+        assert_eq!(enqueue_order(&[], &[]), Vec::<usize>::new());
     }
 
     #[test]

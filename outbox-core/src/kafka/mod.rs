@@ -82,10 +82,16 @@
 //!   requests already in flight after the failed one with an out-of-order-sequence error, so
 //!   every later message fails too (so do other keys' messages still queued; the relay retries
 //!   them). Messages that librdkafka puts back in the dead producer's queue after such an answer
-//!   are purged by the publisher at once instead of waiting out `message.timeout.ms`, and the
-//!   producer is replaced before the next publish. Seen with noida-db, which refuses records
-//!   over 1 MB: a 3 MB record fails with "Message size too large", the key's later messages
-//!   with "Purged in queue", and the next publish succeeds on a new producer.
+//!   are purged by the publisher at once instead of waiting out `message.timeout.ms`, the
+//!   producer is replaced, and the same publish sends the other keys' undelivered messages again
+//!   on the new one (not those of the refused record's key, nor of a key with a message that
+//!   has no report yet: the dead producer might still deliver it). Seen with noida-db, which
+//!   refuses records over 1 MB: a 3 MB record fails with "Message size too large", the key's
+//!   later messages with "Purged in queue", and the other keys are published on a new producer.
+//!   Seen with tansu after a 30 s outage: the producer's epoch bump after its timed-out
+//!   messages is answered `ProducerFenced`, a fatal error; the retry on the new producer is what
+//!   lets delivery resume within a second of the broker's return instead of after the relay's
+//!   outage backoff.
 //!   Disabling the gap-less guarantee (or a Kafka-protocol broker that does not check producer
 //!   sequence numbers) gives up this case.
 //! - *`message.timeout.ms` running out* (broker down, no leader, throttled), which librdkafka

@@ -265,6 +265,108 @@ impl KafkaPublisher {
             }
         }
     }
+    /// Publishes the messages of `batch` at `indices` (in batch order) with `producer`:
+    /// enqueues them grouped by key, then awaits their reports, everything by `end`. Once a
+    /// message fails to enqueue, later messages of its key are not enqueued
+    /// ([`Delivery::NotAttempted`]).
+    async fn publish_round<'b>(
+        &self,
+        producer: &WatchedProducer,
+        batch: &'b [OutboxMessage],
+        indices: &[usize],
+        end: Instant,
+    ) -> Round<'b> {
+        let enqueue_deadline = (Instant::now() + self.enqueue_budget()).min(end);
+        let mut round = Round {
+            outcomes: vec![Delivery::NotAttempted; batch.len()],
+            unknown: HashSet::new(),
+        };
+        let mut blocked: HashSet<(&str, &str)> = HashSet::new();
+        let mut pending: Vec<(usize, String, DeliveryFuture)> = Vec::with_capacity(indices.len());
+        for i in batch::enqueue_order(batch, indices) {
+            let msg = &batch[i];
+            if blocked.contains(&msg.ordering_key()) {
+                continue; // NotAttempted
+            }
+            let topic = self.router.topic(msg);
+            match self.enqueue(producer, &topic, msg, enqueue_deadline).await {
+                Ok(delivery) => pending.push((i, topic, delivery)),
+                Err(failed) => {
+                    round.outcomes[i] = failed;
+                    blocked.insert(msg.ordering_key());
+                }
+            }
+        }
+
+        let report_deadline = (Instant::now() + self.message_timeout + REPORT_GRACE).min(end);
+        let awaiting = self.watch.awaiting_reports();
+        for (i, topic, delivery) in pending {
+            let report = await_report(producer, delivery, report_deadline).await;
+            if !matches!(report, Some(Ok(_))) {
+                // No report (or the producer closed first): librdkafka may still hold the
+                // message, so nothing of its key may be sent by another producer now.
+                round.unknown.insert(batch[i].ordering_key());
+            }
+            round.outcomes[i] = self.outcome(&topic, report);
+        }
+        drop(awaiting);
+        round
+    }
+}
+
+/// The outcomes of one round of a publish, by index in the batch.
+struct Round<'b> {
+    outcomes: Vec<Delivery>,
+    /// The keys with a message whose outcome is unknown (no delivery report).
+    unknown: HashSet<(&'b str, &'b str)>,
+}
+
+impl<'b> Round<'b> {
+    /// After the producer died of a fatal error: the messages to publish again on its
+    /// successor, in batch order. Those reported unavailable (purged, fenced) or not attempted,
+    /// of keys with no poison message (a refused record holds its key back, and the relay
+    /// decides about it) and no message whose outcome is unknown (the dead producer may still
+    /// deliver it, and a message sent now could overtake it). Every other message of such a
+    /// key has a report, so none of them is still in flight: sending them again cannot
+    /// reorder the key, at most duplicate what was written without an acknowledgement.
+    fn retriable_after_fatal(&self, batch: &'b [OutboxMessage]) -> Vec<usize> {
+        let poisoned: HashSet<(&str, &str)> = batch
+            .iter()
+            .zip(&self.outcomes)
+            .filter(|(_, o)| matches!(o, Delivery::Failed(_)))
+            .map(|(m, _)| m.ordering_key())
+            .collect();
+        (0..batch.len())
+            .filter(|&i| {
+                let key = batch[i].ordering_key();
+                matches!(
+                    self.outcomes[i],
+                    Delivery::Unavailable(_) | Delivery::NotAttempted
+                ) && !poisoned.contains(&key)
+                    && !self.unknown.contains(&key)
+            })
+            .collect()
+    }
+
+    /// Takes the outcomes of `retried` at `indices`.
+    fn take(&mut self, mut retried: Round<'b>, indices: &[usize]) {
+        for &i in indices {
+            self.outcomes[i] = std::mem::replace(&mut retried.outcomes[i], Delivery::NotAttempted);
+        }
+        self.unknown.extend(retried.unknown);
+    }
+
+    /// Says in the error of every message not delivered that the producer stopped on the
+    /// fatal error `fatal` and was replaced.
+    fn note_fatal(&mut self, fatal: &str) {
+        for outcome in &mut self.outcomes {
+            if let Some(reason) = outcome.error_mut() {
+                reason.push_str(&format!(
+                    "; the producer stopped on a fatal error ({fatal}) and was replaced"
+                ));
+            }
+        }
+    }
 }
 
 fn enqueue_error(e: &KafkaError, topic: &str, msg: &OutboxMessage, budget: Duration) -> String {
@@ -320,7 +422,10 @@ fn drop_in_background(producer: WatchedProducer) {
 impl Publisher for KafkaPublisher {
     /// Enqueues the whole batch (grouped by ordering key), then awaits every delivery report,
     /// within [`publish_timeout`](KafkaPublisher::publish_timeout). Once a message fails to
-    /// enqueue, later messages of its key are not enqueued ([`Delivery::NotAttempted`]).
+    /// enqueue, later messages of its key are not enqueued ([`Delivery::NotAttempted`]). If the
+    /// producer stops on a fatal error, it is replaced and what it did not deliver is sent again
+    /// on the new one within the same time (keys with a refused record or a message without a
+    /// report excepted).
     ///
     /// ```no_run
     /// # use outbox_core::relay::{Delivery, OutboxMessage, Publisher};
@@ -334,57 +439,37 @@ impl Publisher for KafkaPublisher {
     /// # Ok(()) }
     /// ```
     async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Delivery> {
+        let end = Instant::now() + self.publish_timeout();
         let (mut generation, mut producer) = self.current();
         if self.replace_if_fatal(generation, &producer).is_some() {
             (generation, producer) = self.current();
         }
-
-        let enqueue_deadline = Instant::now() + self.enqueue_budget();
-        let mut outcomes: Vec<Option<Delivery>> = vec![None; batch.len()];
-        let mut blocked: HashSet<(&str, &str)> = HashSet::new();
-        let mut pending: Vec<(usize, String, DeliveryFuture)> = Vec::with_capacity(batch.len());
-        for i in batch::enqueue_order(batch) {
-            let msg = &batch[i];
-            if blocked.contains(&msg.ordering_key()) {
-                outcomes[i] = Some(Delivery::NotAttempted);
-                continue;
+        let all: Vec<usize> = (0..batch.len()).collect();
+        let mut round = self.publish_round(&producer, batch, &all, end).await;
+        if let Some(fatal) = self.replace_if_fatal(generation, &producer) {
+            // A fatal error stops the producer, not the broker (which answered it): what the
+            // dead producer did not deliver goes again at once on the new one, within this
+            // publish's time, instead of coming back to the relay as an outage and waiting out
+            // its backoff (2 s of a broker outage test's 2.3 s resume were that wait).
+            let again = round.retriable_after_fatal(batch);
+            let mut fatal_again = None;
+            if !again.is_empty() {
+                let (generation, producer) = self.current();
+                let retried = self.publish_round(&producer, batch, &again, end).await;
+                round.take(retried, &again);
+                fatal_again = self.replace_if_fatal(generation, &producer);
             }
-            let topic = self.router.topic(msg);
-            match self.enqueue(&producer, &topic, msg, enqueue_deadline).await {
-                Ok(delivery) => pending.push((i, topic, delivery)),
-                Err(failed) => {
-                    outcomes[i] = Some(failed);
-                    blocked.insert(msg.ordering_key());
-                }
+            // What is still not delivered: the messages a fatal error's purge sent back are
+            // outages (the next publish tries again); a record refused for itself (e.g. too
+            // large) stays poison.
+            round.note_fatal(&fatal);
+            if let Some(fatal) = fatal_again {
+                round.note_fatal(&fatal);
             }
         }
-
-        let report_deadline = Instant::now() + self.message_timeout + REPORT_GRACE;
-        let awaiting = self.watch.awaiting_reports();
-        for (i, topic, delivery) in pending {
-            let report = await_report(&producer, delivery, report_deadline).await;
-            outcomes[i] = Some(self.outcome(&topic, report));
-        }
-        drop(awaiting);
-
-        let mut outcomes: Vec<Delivery> = outcomes
-            .into_iter()
-            .map(|o| o.unwrap_or_else(|| Delivery::Unavailable("no outcome recorded".into())))
-            .collect();
+        let mut outcomes = round.outcomes;
         batch::flag_order_breaks(batch, &mut outcomes);
         self.watch.name_brokers(&mut outcomes);
-        if let Some(fatal) = self.replace_if_fatal(generation, &producer) {
-            // The messages it did not deliver report `Fatal` or a purge, which the table
-            // classes as outages: the new producer publishes them again. A record refused for
-            // itself before (e.g. too large) stays poison.
-            for outcome in &mut outcomes {
-                if let Some(reason) = outcome.error_mut() {
-                    reason.push_str(&format!(
-                        "; the producer stopped on a fatal error ({fatal}) and was replaced"
-                    ));
-                }
-            }
-        }
         outcomes
     }
 
