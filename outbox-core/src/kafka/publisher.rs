@@ -265,6 +265,7 @@ impl KafkaPublisher {
             }
         }
     }
+
     /// Publishes the messages of `batch` at `indices` (in batch order) with `producer`:
     /// enqueues them grouped by key, then awaits their reports, everything by `end`. Once a
     /// message fails to enqueue, later messages of its key are not enqueued
