@@ -70,6 +70,7 @@ pub async fn admin_operations<B: Backend>() {
         (s.blocked_aggregates, s.relays.len(), s.leader.clone()),
         (0, 0, None)
     );
+    assert_eq!(s.stream, None, "stream mode never ran here");
 
     // Aggregate 1 published; aggregate 0's first event and aggregate 2's first two dead;
     // aggregate 2's third event waits for a retry.

@@ -119,13 +119,22 @@ async fn stream_never_skips_a_late_commit() {
             let mut conn = PgConnection::establish(&url).unwrap();
             exec(&mut conn, "BEGIN");
             insert(&mut conn, "a", 1);
-            inserted_tx.send(()).unwrap();
+            #[derive(diesel::QueryableByName)]
+            struct Pid {
+                #[diesel(sql_type = diesel::sql_types::Integer)]
+                pid: i32,
+            }
+            let pid = diesel::sql_query("SELECT pg_backend_pid() AS pid")
+                .get_result::<Pid>(&mut conn)
+                .unwrap()
+                .pid;
+            inserted_tx.send(pid).unwrap();
             std::thread::sleep(Duration::from_secs(2));
             exec(&mut conn, "COMMIT");
             committed.store(true, Ordering::SeqCst);
         })
     };
-    inserted_rx.recv().unwrap();
+    let a_pid = inserted_rx.recv().unwrap();
     let opened = Instant::now();
     let mut b = PgConnection::establish(&db.url).unwrap();
     for t in 0..10 {
@@ -179,6 +188,29 @@ async fn stream_never_skips_a_late_commit() {
         "B's 1,000 events published while A is open"
     );
     assert!(!before_commit.iter().any(|(agg, _)| agg == "a"));
+    // `outbox status` while A is open: B's events count as published although their rows
+    // were never marked, A's uncommitted one is not seen, and the open transaction the
+    // positions wait for is A (or one older than A: another database's, on this shared
+    // server), open at least as long as A has been.
+    let a_open_at_least = opened.elapsed().as_secs_f64();
+    let mut admin = outbox::relay::admin::Admin::new(Postgres::admin(&db).await);
+    let status = admin.status().await.unwrap();
+    assert!(
+        !committed.load(Ordering::SeqCst),
+        "A committed before the status"
+    );
+    assert_eq!(status.pending, 0, "{status:?}");
+    assert_eq!(status.published, 1000, "{status:?}");
+    let open = status
+        .stream
+        .as_ref()
+        .and_then(|s| s.oldest_open_transaction.as_ref())
+        .unwrap_or_else(|| panic!("the open transaction is reported: {status:?}"));
+    assert!(
+        open.pid == a_pid || open.age_seconds >= a_open_at_least,
+        "A (pid {a_pid}, open {a_open_at_least:.2} s) or an older one: {open:?}"
+    );
+    assert!(open.age_seconds >= a_open_at_least, "{open:?}");
 
     writer_a.join().unwrap();
     poll_naive(&mut b);
@@ -201,6 +233,12 @@ async fn stream_never_skips_a_late_commit() {
     stop.send(()).unwrap();
     relay.await.unwrap();
     let all_after_stop = delivered(&broker);
+    let status = admin.status().await.unwrap();
+    assert_eq!(
+        (status.pending, status.published, status.oldest_pending),
+        (0, 1001, None),
+        "{status:?}"
+    );
     assert_eq!(all.len(), 1001, "every committed event, once");
     assert_eq!(all_after_stop.len(), 1001, "nothing more after the stop");
     assert_eq!(all.last().unwrap(), &("a".to_owned(), 1));

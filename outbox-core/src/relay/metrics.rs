@@ -107,6 +107,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Aggregates with a dead letter and later pending events (sampled).",
     ),
     (
+        "outbox_relay_stream_open_transaction_seconds",
+        "gauge",
+        "Stream mode: age of the oldest open transaction its positions wait for, 0 if none (sampled).",
+    ),
+    (
         "outbox_consumer_received_total",
         "counter",
         "Messages read.",

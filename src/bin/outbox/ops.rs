@@ -210,6 +210,28 @@ fn print_status(s: &Status) {
         _ => println!("oldest pending:     -"),
     }
     println!("leader:             {}", s.leader.as_deref().unwrap_or("-"));
+    if let Some(stream) = &s.stream {
+        println!("stream:             pending counts the events beyond the stream's positions");
+        match &stream.oldest_open_transaction {
+            Some(t) => println!(
+                "  open transaction: {:.1} s, pid {}{}{}{} (its events wait for its commit; \
+                 every claim rereads what committed since it began)",
+                t.age_seconds,
+                t.pid,
+                t.database
+                    .as_deref()
+                    .map_or(String::new(), |d| format!(", database {d}")),
+                t.application
+                    .as_deref()
+                    .filter(|a| !a.is_empty())
+                    .map_or(String::new(), |a| format!(", application {a}")),
+                t.state
+                    .as_deref()
+                    .map_or(String::new(), |st| format!(", {st}")),
+            ),
+            None => println!("  open transaction: none held by the positions"),
+        }
+    }
     if s.relays.is_empty() {
         println!("relays:             none");
     }

@@ -194,6 +194,14 @@ async fn sample<C: AdminConnection>(conn: C) -> String {
                     .set(s.oldest_pending_age_seconds.unwrap_or(0.0));
                 metrics::gauge!("outbox_relay_dead_letters").set(s.dead as f64);
                 metrics::gauge!("outbox_relay_blocked_aggregates").set(s.blocked_aggregates as f64);
+                if let Some(stream) = &s.stream {
+                    metrics::gauge!("outbox_relay_stream_open_transaction_seconds").set(
+                        stream
+                            .oldest_open_transaction
+                            .as_ref()
+                            .map_or(0.0, |t| t.age_seconds),
+                    );
+                }
             }
             Err(e) => return e.to_string(),
         }

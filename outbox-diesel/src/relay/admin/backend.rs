@@ -198,7 +198,8 @@ pub(crate) mod server {
 }
 
 /// Implements [`AdminConnection`] for `$conn` over the statements of the module it is
-/// expanded in: the constants `COUNTS`, `BLOCKED`, `RELAYS`, `LEADER`, `LIST_DEAD`,
+/// expanded in: the constants `COUNTS`, `BLOCKED`, `RELAYS`, `LEADER`, `STREAM` (`None` where
+/// there is no stream mode), `LIST_DEAD`,
 /// `COUNT_DEAD`, `COUNT_PUBLISHED`, `RETRY`, `PURGE`, `REPLAY_BOUND` and `REPLAY`, and the
 /// functions `bind(sql, filter)` (a boxed query with the filter bound), `clock()` and
 /// `stamp(query, &clock)` (the "now" a statement binds: SQLite binds the caller's clock,
@@ -229,11 +230,19 @@ macro_rules! admin_connection {
                 let relays: Vec<RelayRow> = db("list relays", q.load(self).await)?;
                 let q = stamp(diesel::sql_query(LEADER).into_boxed(), &now);
                 let leader: Vec<LeaderRow> = db("read the leader", q.load(self).await)?;
+                let stream: Option<StreamRow> = match STREAM {
+                    Some(sql) => Some(db(
+                        "read the stream positions",
+                        diesel::sql_query(sql).get_result(self).await,
+                    )?),
+                    None => None,
+                };
                 types::status(
                     counts,
                     blocked.n,
                     relays,
                     leader.into_iter().next().map(|l| l.holder),
+                    stream,
                 )
             }
 

@@ -37,7 +37,7 @@ mod sqlite;
 mod types;
 
 pub use backend::AdminConnection;
-pub use types::{AdminError, DeadLetter, Filter, RelayInfo, Status};
+pub use types::{AdminError, DeadLetter, Filter, OpenTransaction, RelayInfo, Status, StreamStatus};
 
 use std::time::Duration;
 

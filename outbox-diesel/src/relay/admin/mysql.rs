@@ -13,7 +13,7 @@ use super::backend::server::{clock, stamp};
 use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
 use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
-    Status, db,
+    Status, StreamRow, db,
 };
 use crate::relay::mysql::cleanup_query;
 
@@ -47,6 +47,9 @@ const COUNTS: &str = concat!(
          UTC_TIMESTAMP(6)) AS DOUBLE) / 1000000.0 AS oldest_pending_age \
      FROM outbox_events"
 );
+/// Stream mode is PostgreSQL's only.
+const STREAM: Option<&str> = None;
+
 filtered_statements!(
     now: "UTC_TIMESTAMP(6)",
     int: "SIGNED",

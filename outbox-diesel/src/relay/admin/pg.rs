@@ -14,7 +14,7 @@ use super::backend::server::{clock, stamp};
 use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
 use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
-    Status, db,
+    Status, StreamRow, db,
 };
 use crate::relay::pg::cleanup_query;
 
@@ -53,6 +53,37 @@ const COUNTS: &str = concat!(
          AS oldest_pending_age \
      FROM outbox_events"
 );
+/// Stream mode's figures (see `StreamRow`): the events beyond the positions (each shard's rows
+/// not visible in its last snapshot, nor in the delta being consumed up to its cursor: the
+/// `(shard, xid)` index from the snapshot's xmin on, as the relay's claim reads them), and
+/// the oldest transaction still open whose xid is a position's xmin (`pg_stat_activity`
+/// shows 32-bit xids: the xid8 is taken modulo 2^32).
+const STREAM: Option<&str> = Some(concat!(
+    "WITH pos AS (SELECT shard, last_snapshot, cur_snapshot, cur_seq, version \
+         FROM outbox_stream_positions), \
+     un AS (SELECT o.created_at FROM pos p JOIN outbox_events o ON o.shard = p.shard \
+         WHERE o.xid >= pg_snapshot_xmin(p.last_snapshot) \
+           AND o.published_at IS NULL AND o.dead_at IS NULL \
+           AND NOT pg_visible_in_snapshot(o.xid, p.last_snapshot) \
+           AND (p.cur_snapshot IS NULL OR o.seq > p.cur_seq \
+                OR NOT pg_visible_in_snapshot(o.xid, p.cur_snapshot))), \
+     held AS (SELECT a.pid, a.datname::text AS datname, a.application_name::text AS application, \
+             a.state::text AS state, EXTRACT(EPOCH FROM now() - a.xact_start)::float8 AS age \
+         FROM pg_stat_activity a \
+         WHERE a.backend_xid IS NOT NULL \
+           AND a.backend_xid::text::bigint IN ( \
+               SELECT pg_snapshot_xmin(last_snapshot)::text::bigint % 4294967296 FROM pos) \
+         ORDER BY a.xact_start LIMIT 1) \
+     SELECT coalesce((SELECT max(version) > 0 FROM pos), false) AS used, \
+         (SELECT count(*) FROM un) AS unpublished, ",
+    time!("(SELECT min(created_at) FROM un)"),
+    " AS oldest_unpublished, \
+         EXTRACT(EPOCH FROM now() - (SELECT min(created_at) FROM un))::float8 \
+             AS oldest_unpublished_age, \
+         h.pid, h.datname, h.application, h.state, h.age \
+     FROM (SELECT 1) one LEFT JOIN held h ON true"
+));
+
 filtered_statements!(
     now: "now()",
     int: "BIGINT",

@@ -16,7 +16,7 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
 use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
-    Status, db,
+    Status, StreamRow, db,
 };
 use crate::backend::sqlite_timestamp;
 use crate::relay::sqlite::cleanup_query;
@@ -51,6 +51,9 @@ macro_rules! time {
 }
 
 // SQLite relays record no session.
+/// Stream mode is PostgreSQL's only.
+const STREAM: Option<&str> = None;
+
 filtered_statements!(
     now: "?1",
     int: "INTEGER",

@@ -127,6 +127,8 @@ pub(crate) fn db<T>(operation: &'static str, r: diesel::QueryResult<T>) -> Resul
 #[non_exhaustive]
 pub struct Status {
     /// Events not yet published and not dead-lettered (includes `in_flight` and `retrying`).
+    /// Once stream mode has run (`stream` is set): the events beyond the stream's positions,
+    /// since it publishes without marking rows.
     pub pending: i64,
     /// Pending events leased by a relay right now (being published).
     pub in_flight: i64,
@@ -134,7 +136,8 @@ pub struct Status {
     pub retrying: i64,
     /// Dead letters: failed `max_attempts` times (or malformed); not published.
     pub dead: i64,
-    /// Published events still in the table (see retention).
+    /// Published events still in the table (see retention): in stream mode, those behind
+    /// the positions too.
     pub published: i64,
     /// When the oldest pending event was written (UTC), if any.
     pub oldest_pending: Option<DateTime<Utc>>,
@@ -147,6 +150,36 @@ pub struct Status {
     pub relays: Vec<RelayInfo>,
     /// The relay holding the leadership lease (leader mode), if any.
     pub leader: Option<String>,
+    /// Stream mode's state (PostgreSQL), once its positions have moved; `None` elsewhere.
+    pub stream: Option<StreamStatus>,
+}
+
+/// Stream mode's state, as [`Status::stream`].
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
+pub struct StreamStatus {
+    /// The oldest transaction still open that the stream's positions have in progress (the
+    /// `xmin` of a shard's last snapshot), if any. It loses nothing, but while it is open its
+    /// own events wait for its commit and every claim reads again all the rows committed
+    /// since it began, so claims slow down the longer it stays open. Seen only where the
+    /// status's role may read other sessions' activity (superuser, `pg_read_all_stats`).
+    pub oldest_open_transaction: Option<OpenTransaction>,
+}
+
+/// A transaction still open, from `pg_stat_activity`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
+pub struct OpenTransaction {
+    /// Its backend's pid.
+    pub pid: i32,
+    /// Its database.
+    pub database: Option<String>,
+    /// Its session's `application_name`.
+    pub application: Option<String>,
+    /// Its session's state, e.g. `idle in transaction`.
+    pub state: Option<String>,
+    /// How long it has been open, in seconds, on the database's clock.
+    pub age_seconds: f64,
 }
 
 /// A relay as its heartbeat row shows it.
@@ -252,6 +285,30 @@ pub(crate) struct RelayRow {
     shards: i64,
 }
 
+/// Stream mode's figures (PostgreSQL): whether its positions ever moved, the events beyond
+/// them, and the oldest open transaction they have in progress.
+#[derive(QueryableByName)]
+pub(crate) struct StreamRow {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub used: bool,
+    #[diesel(sql_type = BigInt)]
+    unpublished: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    oldest_unpublished: Option<String>,
+    #[diesel(sql_type = Nullable<Double>)]
+    oldest_unpublished_age: Option<f64>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pid: Option<i32>,
+    #[diesel(sql_type = Nullable<Text>)]
+    datname: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    application: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    state: Option<String>,
+    #[diesel(sql_type = Nullable<Double>)]
+    age: Option<f64>,
+}
+
 #[derive(QueryableByName)]
 pub(crate) struct LeaderRow {
     #[diesel(sql_type = Text)]
@@ -314,12 +371,13 @@ impl DeadRow {
     }
 }
 
-/// Puts a status together from its three queries' rows.
+/// Puts a status together from its queries' rows.
 pub(crate) fn status(
     c: CountsRow,
     blocked: i64,
     relays: Vec<RelayRow>,
     leader: Option<String>,
+    stream: Option<StreamRow>,
 ) -> Result<Status, AdminError> {
     let relays = relays
         .into_iter()
@@ -336,7 +394,7 @@ pub(crate) fn status(
             })
         })
         .collect::<Result<_, AdminError>>()?;
-    Ok(Status {
+    let mut status = Status {
         pending: c.pending,
         in_flight: c.in_flight,
         retrying: c.retrying,
@@ -347,5 +405,24 @@ pub(crate) fn status(
         blocked_aggregates: blocked,
         relays,
         leader,
-    })
+        stream: None,
+    };
+    if let Some(s) = stream.filter(|s| s.used) {
+        // Stream mode leaves `published_at` NULL: what is pending is what lies beyond the
+        // positions, and the rest of the rows it left unmarked is published.
+        status.published += (status.pending - s.unpublished).max(0);
+        status.pending = s.unpublished;
+        status.oldest_pending = parse_opt("created_at", s.oldest_unpublished)?;
+        status.oldest_pending_age_seconds = s.oldest_unpublished_age.map(|a| a.max(0.0));
+        status.stream = Some(StreamStatus {
+            oldest_open_transaction: s.pid.map(|pid| OpenTransaction {
+                pid,
+                database: s.datname,
+                application: s.application,
+                state: s.state,
+                age_seconds: s.age.unwrap_or(0.0).max(0.0),
+            }),
+        });
+    }
+    Ok(status)
 }
