@@ -47,6 +47,7 @@ pub(crate) const POSTGRES: &[Migration] = embed!("postgres":
     "20261130000005" _ "insert_defaults",
     "20261201000001" _ "hot_claims",
     "20261201000002" _ "stream_positions",
+    "20261202000001" _ "stream_dead_letters",
 );
 #[cfg(feature = "mysql_backend")]
 pub(crate) const MYSQL: &[Migration] = embed!("mysql":

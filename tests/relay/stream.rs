@@ -92,7 +92,8 @@ fn start(db: &TestDatabase, broker: &Arc<MemoryBroker>) -> Started {
 }
 
 /// The trap of an `id > last_id` cursor. Writer A inserts an event and keeps its transaction
-/// open 2 s while writer B commits 1,000 events; a rolled-back transaction writes 5. A naive
+/// open (2 s, and until the test has checked what it checks while A is open) while writer B
+/// commits 1,000 events; a rolled-back transaction writes 5. A naive
 /// cursor relay (here, a loop of `seq > last`) reads B's events and moves past A's seq: A's
 /// event is lost to it. The stream relay publishes B's 1,000 while A is open, A's event only
 /// after A commits, all in per-aggregate order, never the rolled-back ones, and updates no
@@ -111,6 +112,7 @@ async fn stream_never_skips_a_late_commit() {
     }
 
     let (inserted_tx, inserted_rx) = std::sync::mpsc::channel();
+    let (commit_tx, commit_rx) = std::sync::mpsc::channel::<()>();
     let committed = Arc::new(AtomicBool::new(false));
     let writer_a = {
         let url = db.url.clone();
@@ -129,7 +131,9 @@ async fn stream_never_skips_a_late_commit() {
                 .unwrap()
                 .pid;
             inserted_tx.send(pid).unwrap();
+            // Open until the test has seen what it checks while A is open (at least 2 s).
             std::thread::sleep(Duration::from_secs(2));
+            let _ = commit_rx.recv_timeout(Duration::from_secs(30));
             exec(&mut conn, "COMMIT");
             committed.store(true, Ordering::SeqCst);
         })
@@ -174,7 +178,7 @@ async fn stream_never_skips_a_late_commit() {
     poll_naive(&mut b);
 
     // The stream relay publishes B's events while A is open, and not A's.
-    while delivered(&broker).len() < 1000 && opened.elapsed() < Duration::from_millis(1900) {
+    while delivered(&broker).len() < 1000 && opened.elapsed() < Duration::from_secs(20) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let before_commit = delivered(&broker);
@@ -212,6 +216,7 @@ async fn stream_never_skips_a_late_commit() {
     );
     assert!(open.age_seconds >= a_open_at_least, "{open:?}");
 
+    commit_tx.send(()).unwrap();
     writer_a.join().unwrap();
     poll_naive(&mut b);
     let a_seq = Postgres::count(
@@ -401,7 +406,9 @@ async fn stream_mode_is_refused_where_it_is_not_built() {
         limit: 10,
         lease: Duration::from_secs(5),
         look_ahead: None,
-        order: ClaimOrder::Stream,
+        order: ClaimOrder::Stream {
+            dead_letters_block: true,
+        },
     };
     #[cfg(feature = "sqlite")]
     {
@@ -518,4 +525,246 @@ async fn stream_failure_holds_the_position_and_outage_counts_no_attempt() {
         started.elapsed() >= Duration::from_millis(600),
         "two backoffs of 200 and 400 ms"
     );
+}
+
+/// The dead letters of `db`'s stream: (aggregate id, n, attempts, parked behind a dead letter).
+fn stream_dead_letters(db: &TestDatabase) -> Vec<(String, i64, i32, bool)> {
+    #[derive(diesel::QueryableByName)]
+    struct D {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        agg: String,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        attempts: i32,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        parked: bool,
+    }
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    diesel::sql_query(
+        "SELECT aggregate_id AS agg, (payload->>'n')::bigint AS n, attempts, \
+         parked_behind IS NOT NULL AS parked FROM outbox_stream_dead_letters ORDER BY seq",
+    )
+    .load::<D>(&mut conn)
+    .unwrap()
+    .into_iter()
+    .map(|d| (d.agg, d.n, d.attempts, d.parked))
+    .collect()
+}
+
+/// Waits up to `secs` for `done`.
+async fn wait_for(secs: u64, mut done: impl FnMut() -> bool) -> bool {
+    let started = Instant::now();
+    while !done() {
+        if started.elapsed() > Duration::from_secs(secs) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+/// An event refused past `max_attempts` becomes a dead letter (a copy in
+/// `outbox_stream_dead_letters`) and its shard's position moves on: the other aggregates go on,
+/// and the later events of its aggregate, also one written afterwards, are parked beside it
+/// (copied, never published). A retry (what `outbox dead retry` writes) releases the
+/// aggregate: the dead letter and its parked events are published in order, then the
+/// aggregate's new events flow again. A purge (`outbox dead purge`) releases the parked events
+/// of another aggregate without its dead letter. No event row is ever updated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_dead_letter_parks_its_aggregate_until_retried_or_purged() {
+    let db = Postgres::database("stream_dead");
+    let broker = Arc::new(MemoryBroker::new());
+    let poison_x3 = Arc::new(AtomicBool::new(true));
+    {
+        let poison_x3 = poison_x3.clone();
+        broker.fail_when(move |m| {
+            let x3 = m.aggregate_id == "x" && m.payload.contains("\"n\": 3");
+            let z1 = m.aggregate_id == "z" && m.payload.contains("\"n\": 1");
+            ((x3 && poison_x3.load(Ordering::SeqCst)) || z1).then(|| "refused".to_owned())
+        });
+    }
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    for n in 1..=10 {
+        insert(&mut conn, "x", n);
+        insert(&mut conn, &format!("y{n}"), 1);
+    }
+    let config = RelayConfig {
+        max_attempts: 2,
+        backoff: Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(100),
+            multiplier: 2.0,
+            jitter: 0.0,
+        },
+        ..stream_config()
+    };
+    let relay = Relay::new(PgRelayStore::new(&db.url), broker.clone(), config).unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    let x = |records: &[(String, i64)]| -> Vec<i64> {
+        records
+            .iter()
+            .filter(|(a, _)| a == "x")
+            .map(|(_, n)| *n)
+            .collect()
+    };
+
+    // x3 is refused twice: a dead letter; x4..x10 parked; the y's all published.
+    assert!(
+        wait_for(15, || stream_dead_letters(&db).len() == 8
+            && delivered(&broker).iter().filter(|(a, _)| a != "x").count()
+                >= 10)
+        .await,
+        "dead letters {:?}, delivered {:?}",
+        stream_dead_letters(&db),
+        delivered(&broker)
+    );
+    let dead = stream_dead_letters(&db);
+    assert_eq!(dead[0], ("x".to_owned(), 3, 2, false), "{dead:?}");
+    assert!(
+        dead[1..]
+            .iter()
+            .zip(4..)
+            .all(|(d, n)| *d == ("x".to_owned(), n, 0, true)),
+        "{dead:?}"
+    );
+    // A new event of the parked aggregate is parked too.
+    insert(&mut conn, "x", 11);
+    assert!(wait_for(10, || stream_dead_letters(&db).len() == 9).await);
+    assert_eq!(
+        x(&delivered(&broker)),
+        [1, 2],
+        "nothing of x after its dead letter"
+    );
+
+    // Retried: x3..x11 go, in order, and the aggregate is free again.
+    poison_x3.store(false, Ordering::SeqCst);
+    exec(
+        &mut conn,
+        "UPDATE outbox_stream_dead_letters SET retry_requested_at = now(), attempts = 0 \
+         WHERE parked_behind IS NULL",
+    );
+    assert!(
+        wait_for(10, || x(&delivered(&broker)).len() >= 11).await,
+        "{:?}",
+        delivered(&broker)
+    );
+    assert_eq!(x(&delivered(&broker)), (1..=11).collect::<Vec<_>>());
+    assert!(stream_dead_letters(&db).is_empty());
+    insert(&mut conn, "x", 12);
+    assert!(wait_for(10, || x(&delivered(&broker)).len() >= 12).await);
+
+    // z1 dead, z2 and z3 parked; purged: z2 and z3 go, z1 never.
+    for n in 1..=3 {
+        insert(&mut conn, "z", n);
+    }
+    assert!(
+        wait_for(10, || stream_dead_letters(&db).len() == 3).await,
+        "{:?}",
+        stream_dead_letters(&db)
+    );
+    exec(
+        &mut conn,
+        "DELETE FROM outbox_stream_dead_letters WHERE parked_behind IS NULL",
+    );
+    let z = |records: &[(String, i64)]| -> Vec<i64> {
+        records
+            .iter()
+            .filter(|(a, _)| a == "z")
+            .map(|(_, n)| *n)
+            .collect()
+    };
+    assert!(wait_for(10, || z(&delivered(&broker)).len() >= 2).await);
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    let records = delivered(&broker);
+    assert_eq!(z(&records), [2, 3]);
+    assert!(stream_dead_letters(&db).is_empty());
+    assert!(out_of_order(&records).is_empty(), "{records:?}");
+    let unique: HashSet<_> = records.iter().collect();
+    assert_eq!(unique.len(), records.len(), "no event twice: {records:?}");
+    assert_eq!(
+        Postgres::count(
+            &db,
+            "SELECT COUNT(*) AS n FROM outbox_events \
+             WHERE published_at IS NOT NULL OR dead_at IS NOT NULL OR attempts > 0"
+        ),
+        0,
+        "no event row written"
+    );
+}
+
+/// With `DeadLetterPolicy::Skip` a dead letter is copied aside and its aggregate's later
+/// events pass it; retried, it is published then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_dead_letter_skipped_lets_its_aggregate_pass() {
+    let db = Postgres::database("stream_dead_skip");
+    let broker = Arc::new(MemoryBroker::new());
+    let poison = Arc::new(AtomicBool::new(true));
+    {
+        let poison = poison.clone();
+        broker.fail_when(move |m| {
+            (m.payload.contains("\"n\": 2") && poison.load(Ordering::SeqCst))
+                .then(|| "refused".to_owned())
+        });
+    }
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    for n in 1..=5 {
+        insert(&mut conn, "x", n);
+    }
+    let config = RelayConfig {
+        max_attempts: 1,
+        dead_letters: DeadLetterPolicy::Skip,
+        ..stream_config()
+    };
+    let relay = Relay::new(PgRelayStore::new(&db.url), broker.clone(), config).unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    assert!(wait_for(10, || delivered(&broker).len() >= 4).await);
+    assert!(wait_for(10, || !stream_dead_letters(&db).is_empty()).await);
+    let ns: Vec<i64> = delivered(&broker).iter().map(|(_, n)| *n).collect();
+    assert_eq!(ns, [1, 3, 4, 5]);
+    assert_eq!(stream_dead_letters(&db), [("x".to_owned(), 2, 1, false)]);
+    poison.store(false, Ordering::SeqCst);
+    exec(
+        &mut conn,
+        "UPDATE outbox_stream_dead_letters SET retry_requested_at = now(), attempts = 0",
+    );
+    assert!(wait_for(10, || delivered(&broker).len() >= 5).await);
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    let ns: Vec<i64> = delivered(&broker).iter().map(|(_, n)| *n).collect();
+    assert_eq!(ns, [1, 3, 4, 5, 2]);
+    assert!(stream_dead_letters(&db).is_empty());
+}
+
+/// A delta larger than a batch, spread over every shard (transactions of 1,000 events over
+/// 1,000 aggregates, batches of 100: each claim can take the rows of only some shards): every
+/// event is published, once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_delta_larger_than_a_batch_loses_nothing() {
+    let db = Postgres::database("stream_wide");
+    let broker = Arc::new(MemoryBroker::new());
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    for t in 0..3 {
+        exec(&mut conn, "BEGIN");
+        for i in 0..1000 {
+            insert(&mut conn, &format!("w{i}"), t + 1);
+        }
+        exec(&mut conn, "COMMIT");
+    }
+    let (stop, relay, _) = start(&db, &broker);
+    let ok = wait_for(30, || delivered(&broker).len() >= 3000).await;
+    stop.send(()).unwrap();
+    relay.await.unwrap();
+    let records = delivered(&broker);
+    let unique: HashSet<_> = records.iter().collect();
+    assert!(ok, "{} of 3,000 published", unique.len());
+    assert_eq!(unique.len(), 3000);
+    assert!(out_of_order(&records).is_empty());
 }

@@ -111,7 +111,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 leader_only: true,
                 dead_letters_block,
             },
-            Mode::Stream => ClaimOrder::Stream,
+            Mode::Stream => ClaimOrder::Stream { dead_letters_block },
         }
     }
 

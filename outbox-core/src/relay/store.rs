@@ -27,9 +27,14 @@ pub enum ClaimOrder {
     /// Stream mode ([`Mode::Stream`](super::Mode::Stream)), PostgreSQL only: the rows of the
     /// shards this relay holds a live lease on that committed since the shard's stored
     /// position, in `seq` order; no row is updated. `complete`, `fail` and `release` of the
-    /// batch then advance the positions (up to the first event not published). Stores that
-    /// cannot do it return [`UnsupportedMode`] from `claim`.
-    Stream,
+    /// batch then advance the positions (up to the first event not published, a dead letter
+    /// counting as passed: it is copied aside). Stores that cannot do it return
+    /// [`UnsupportedMode`] from `claim`.
+    Stream {
+        /// Whether a dead-lettered event parks the later events of its aggregate (copied aside
+        /// with it, published once it is retried or purged) instead of letting them pass.
+        dead_letters_block: bool,
+    },
 }
 
 /// The store cannot run the relay in this mode, e.g. [`Mode::Stream`](super::Mode::Stream)

@@ -35,7 +35,7 @@ fn truncate_error(error: &str) -> &str {
 
 impl RelayStore for MysqlRelayStore {
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
-        if claim.order == outbox_core::relay::ClaimOrder::Stream {
+        if matches!(claim.order, outbox_core::relay::ClaimOrder::Stream { .. }) {
             return Err(StoreError::new(
                 "claim",
                 outbox_core::relay::UnsupportedMode::new("stream", "MySQL/MariaDB"),

@@ -96,7 +96,7 @@ pub(super) async fn claim_in(
             ..
         } => (owned_shards_only, leader_only),
         // Refused by the store's `claim` before it gets here.
-        ClaimOrder::Stream => return Ok(Vec::new()),
+        ClaimOrder::Stream { .. } => return Ok(Vec::new()),
     };
     let locked = match claim.order {
         ClaimOrder::Unordered => {
@@ -118,7 +118,7 @@ pub(super) async fn claim_in(
                 .load::<SeqRow>(conn)
                 .await?
         }
-        ClaimOrder::Stream => return Ok(Vec::new()), // refused by the store's `claim`
+        ClaimOrder::Stream { .. } => return Ok(Vec::new()), // refused by the store's `claim`
     };
     let seqs: Vec<i64> = locked.into_iter().map(|r| r.seq).collect();
     let until = micros(claim.lease);

@@ -10,7 +10,7 @@ use outbox_core::relay::{
 };
 
 use super::sql::*;
-use super::stream::{DEAD_LETTER_HOLD, Outcome};
+use super::stream::Outcome;
 use super::{PgRelayStore, Row, cleanup_query};
 use crate::relay::base::server_methods;
 use crate::relay::common::{
@@ -20,9 +20,9 @@ use crate::relay::common::{
 
 impl RelayStore for PgRelayStore {
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
-        if claim.order == ClaimOrder::Stream {
+        if let ClaimOrder::Stream { dead_letters_block } = claim.order {
             return self
-                .claim_stream(claim.relay, claim.limit, claim.lease)
+                .claim_stream(claim.relay, claim.limit, claim.lease, dead_letters_block)
                 .await;
         }
         let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX);
@@ -56,7 +56,7 @@ impl RelayStore for PgRelayStore {
                     .load::<Row>(conn)
                     .await
             }
-            ClaimOrder::Stream => Ok(Vec::new()), // claimed above
+            ClaimOrder::Stream { .. } => Ok(Vec::new()), // claimed above
         };
         let sorted = split_malformed(
             self.base
@@ -93,15 +93,11 @@ impl RelayStore for PgRelayStore {
     async fn fail(&mut self, relay: &str, failures: &[Failure]) -> Result<u64, StoreError> {
         if self.stream.in_flight() {
             let failed = failures.iter().map(|f| {
-                let after = f.retry_after.unwrap_or_else(|| {
-                    tracing::error!(
-                        seq = f.seq,
-                        "stream mode has no dead letters yet: the event holds its shard and is \
-                         retried"
-                    );
-                    DEAD_LETTER_HOLD
-                });
-                (f.seq, Outcome::Failed(after))
+                let outcome = match f.retry_after {
+                    Some(after) => Outcome::Failed(after),
+                    None => Outcome::Dead(f.error.clone()),
+                };
+                (f.seq, outcome)
             });
             return self.settle_stream(relay, failed).await;
         }

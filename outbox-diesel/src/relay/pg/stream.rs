@@ -21,9 +21,23 @@
 //! the next claim starts, so a second claim before the first batch settles would read the
 //! same rows. Failures are held in memory (the rows are never written): the failed event's
 //! shard is not claimed until its retry time, and its attempt count lives in the relay (a
-//! restarted relay counts from 1 again). Not built yet: dead letters (an event failing past
-//! `max_attempts` keeps being retried every [`DEAD_LETTER_HOLD`]), retention (the rows keep
+//! restarted relay counts from 1 again). Not built yet: retention (the rows keep
 //! `published_at` NULL).
+//!
+//! ## Dead letters
+//!
+//! An event the relay gives up on (`max_attempts`, or a row that cannot be published as it
+//! is) is copied into `outbox_stream_dead_letters` by the statement that moves its shard's
+//! position past it ([`ADVANCE`]: both or neither, and only where the relay still holds the
+//! shard). While an aggregate has rows there, the claim parks its later events the same way
+//! (copied, `parked_behind` the dead letter, passed by the position) unless the relay runs
+//! with `DeadLetterPolicy::Skip`: so nothing of the aggregate is published out of order.
+//! `outbox dead retry` marks dead letters `retry_requested_at`, `outbox dead purge` deletes
+//! them; an aggregate whose first row there is then retry-requested or parked is *released*
+//! by the relay holding its shard ([`RELEASABLE`], at most every [`RELEASE_CHECK`] and at once
+//! after a release batch): its rows are published from the copies in `seq` order, each deleted
+//! once published ([`SETTLE_RELEASE`]); one that fails for itself past `max_attempts` is a
+//! dead letter again and holds the rest.
 //!
 //! ## The claim's cost
 //!
@@ -35,16 +49,16 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use diesel::QueryableByName;
-use diesel::sql_types::{Array, BigInt, Nullable, SmallInt, Text};
+use diesel::sql_types::{Array, BigInt, Bool, Integer, Nullable, SmallInt, Text};
 use diesel_async::RunQueryDsl;
 use outbox_core::relay::{OutboxMessage, StoreError};
 
 use super::PgRelayStore;
-use crate::relay::common::ClaimedColumns;
+use crate::relay::common::{ClaimedColumns, CountRow};
 
-/// How long an event that should be dead-lettered holds its shard before it is tried again
-/// (dead letters are not built for stream mode yet).
-pub(crate) const DEAD_LETTER_HOLD: Duration = Duration::from_secs(60);
+/// How often a relay looks for aggregates to release (dead letters retried or purged by the
+/// operator): at most this often while none are found, at every claim while some are.
+const RELEASE_CHECK: Duration = Duration::from_secs(1);
 
 /// How often a relay with nothing to publish moves its idle shards' positions up to the
 /// current snapshot (so their next delta scans start from a recent `xmin`).
@@ -91,7 +105,10 @@ pub(crate) const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
 /// the first `$5 + 1` in `seq` order (the `+ 1` tells a delta that is exhausted from one
 /// that is not); of all shards' rows, the first `$5` in `seq` order, each with its shard's
 /// count of candidates (`shard_rows`). Rows already published or dead-lettered by a lease
-/// mode (before the switch to stream) are skipped.
+/// mode (before the switch to stream) are skipped. With `$6` (dead letters block), each row
+/// whose aggregate has a row in `outbox_stream_dead_letters` carries the first one's seq
+/// (`parked_behind`): one index probe a row, and none while the table is empty (the
+/// `EXISTS` is evaluated once).
 ///
 /// The xid range `[xmin(last), xmax(cur))` is the scan of `outbox_events_stream
 /// (shard, xid)`; the visibility functions are filters on it.
@@ -135,19 +152,78 @@ pub(crate) const CANDIDATES: &str = "WITH cand AS ( \
      ORDER BY c.seq LIMIT $5) \
      SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version, \
          o.payload::text AS payload, o.headers::text AS headers, o.topic, o.shard, \
-         o.created_at, 1 AS attempts, o.shard AS stream_shard, cand.shard_rows \
+         o.created_at, 0 AS attempts, o.shard AS stream_shard, cand.shard_rows, \
+         CASE WHEN $6 AND EXISTS (SELECT 1 FROM outbox_stream_dead_letters) THEN \
+             (SELECT min(d.seq) FROM outbox_stream_dead_letters d \
+              WHERE d.aggregate_type = o.aggregate_type AND d.aggregate_id = o.aggregate_id) \
+         END AS parked_behind \
      FROM cand JOIN outbox_events o ON o.seq = cand.seq ORDER BY o.seq";
 
 /// Moves positions on, once per batch: only where `$1` still holds the shard's lease and the
-/// position is still the version the claim read.
-pub(crate) const ADVANCE: &str = "UPDATE outbox_stream_positions p \
+/// position is still the version the claim read; in the same statement, copies the dead
+/// letters and parked events the positions pass (`$7`..`$10`: seq, attempts, error, the dead
+/// letter a parked event waits behind) into `outbox_stream_dead_letters`, for the shards
+/// whose position moved only. Returns how many positions moved.
+pub(crate) const ADVANCE: &str = "WITH adv AS (UPDATE outbox_stream_positions p \
      SET last_snapshot = u.last_snap::pg_snapshot, cur_snapshot = u.cur_snap::pg_snapshot, \
          cur_seq = u.cur_seq, version = p.version + 1, updated_at = now() \
      FROM unnest($2::smallint[], $3::text[], $4::text[], $5::int8[], $6::int8[]) \
          AS u(shard, last_snap, cur_snap, cur_seq, version) \
      WHERE p.shard = u.shard AND p.version = u.version \
        AND EXISTS (SELECT 1 FROM outbox_shard_leases l \
-                   WHERE l.shard = u.shard AND l.owner = $1 AND l.lease_until > now())";
+                   WHERE l.shard = u.shard AND l.owner = $1 AND l.lease_until > now()) \
+     RETURNING p.shard), \
+     dl AS (INSERT INTO outbox_stream_dead_letters (seq, id, aggregate_type, aggregate_id, \
+             event_type, event_version, payload, headers, topic, shard, created_at, attempts, \
+             last_error, parked_behind) \
+         SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version, \
+             o.payload, o.headers, o.topic, o.shard, o.created_at, d.attempts, d.error, d.behind \
+         FROM unnest($7::int8[], $8::int4[], $9::text[], $10::int8[]) \
+             AS d(seq, attempts, error, behind) \
+         JOIN outbox_events o ON o.seq = d.seq \
+         WHERE o.shard IN (SELECT shard FROM adv) \
+         ON CONFLICT DO NOTHING) \
+     SELECT count(*) AS n FROM adv";
+
+/// The rows to release (see the module docs) in the shards `$1` holds a live lease on, but
+/// for the shards `$3` (waiting for a retry): of each aggregate whose first row in
+/// `outbox_stream_dead_letters` is retry-requested or parked (its dead letter purged), the
+/// rows before its next dead letter that is not retry-requested (there is one only where
+/// `DeadLetterPolicy::Skip` let the aggregate pass an earlier one); the first `$2` in `seq`
+/// order, with the claim's columns.
+pub(crate) const RELEASABLE: &str = "WITH mine AS MATERIALIZED ( \
+         SELECT l.shard FROM outbox_shard_leases l \
+         WHERE l.owner = $1 AND l.lease_until > now() AND l.shard <> ALL($3::smallint[])), \
+     aggs AS (SELECT d.aggregate_type, d.aggregate_id, min(d.seq) FILTER ( \
+             WHERE d.parked_behind IS NULL AND d.retry_requested_at IS NULL) AS stop \
+         FROM outbox_stream_dead_letters d WHERE d.shard IN (SELECT shard FROM mine) \
+         GROUP BY d.aggregate_type, d.aggregate_id) \
+     SELECT d.seq, d.id, d.aggregate_type, d.aggregate_id, d.event_type, d.event_version, \
+         d.payload::text AS payload, d.headers::text AS headers, d.topic, d.shard, \
+         d.created_at, d.attempts, d.shard AS stream_shard, 0::bigint AS shard_rows, \
+         NULL::bigint AS parked_behind \
+     FROM outbox_stream_dead_letters d \
+     JOIN aggs a ON a.aggregate_type = d.aggregate_type AND a.aggregate_id = d.aggregate_id \
+     WHERE a.stop IS NULL OR d.seq < a.stop \
+     ORDER BY d.seq LIMIT $2";
+
+/// Settles a release batch, where `$1` still holds the rows' shards: deletes the rows
+/// published (`$2`) and makes those that failed for good (`$3`..`$5`: seq, attempts, error)
+/// dead letters again (no longer retry-requested nor parked). Returns the rows written.
+pub(crate) const SETTLE_RELEASE: &str = "WITH gone AS (DELETE FROM outbox_stream_dead_letters d \
+         WHERE d.seq = ANY($2::int8[]) \
+           AND EXISTS (SELECT 1 FROM outbox_shard_leases l \
+                       WHERE l.shard = d.shard AND l.owner = $1 AND l.lease_until > now()) \
+         RETURNING 1), \
+     again AS (UPDATE outbox_stream_dead_letters d \
+         SET retry_requested_at = NULL, parked_behind = NULL, attempts = u.attempts, \
+             last_error = u.error, dead_at = now() \
+         FROM unnest($3::int8[], $4::int4[], $5::text[]) AS u(seq, attempts, error) \
+         WHERE d.seq = u.seq \
+           AND EXISTS (SELECT 1 FROM outbox_shard_leases l \
+                       WHERE l.shard = d.shard AND l.owner = $1 AND l.lease_until > now()) \
+         RETURNING 1) \
+     SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM again) AS n";
 
 #[derive(QueryableByName, Clone)]
 struct PositionRow {
@@ -178,23 +254,49 @@ struct CandidateRow {
     stream_shard: i16,
     #[diesel(sql_type = BigInt)]
     shard_rows: i64,
+    /// The first row of its aggregate in `outbox_stream_dead_letters`, if any (it is parked).
+    #[diesel(sql_type = Nullable<BigInt>)]
+    parked_behind: Option<i64>,
 }
 
 /// What became of an event of the batch in flight.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub(super) enum Outcome {
     Published,
     /// Failed: retried after this long.
     Failed(Duration),
+    /// Failed for good (past `max_attempts`): a dead letter, with why.
+    Dead(String),
+    /// Cannot be published as it is (found by the claim, never attempted): a dead letter.
+    Malformed(String),
+    /// Not published: its aggregate has a dead letter (this seq), so it is parked with it.
+    Parked(i64),
     /// Not published, no attempt counted (an outage).
     Released,
 }
 
-/// The batch in flight: what is needed to advance its shards' positions.
+impl Outcome {
+    /// Whether the position may pass the event: published, or copied aside.
+    fn passed(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Published | Outcome::Dead(_) | Outcome::Malformed(_) | Outcome::Parked(_)
+        )
+    }
+}
+
+/// The batch in flight: what is needed to advance its shards' positions (a delta), or to
+/// settle its rows in `outbox_stream_dead_letters` (a release: no positions).
 struct Pending {
+    /// A release batch: its rows are copies in `outbox_stream_dead_letters`.
+    release: bool,
     positions: Vec<PositionRow>,
-    /// Per shard, how many rows its delta offered (at most the batch size + 1).
+    /// Per shard, how many rows its delta offered (at most the batch size + 1), for the
+    /// shards with a row in the batch.
     offered: HashMap<i16, i64>,
+    /// The claim returned a whole batch: the shards with no row in it may have rows past
+    /// it, so their positions stay.
+    full: bool,
     /// The batch's rows (seq, shard), in seq order.
     rows: Vec<(i64, i16)>,
     outcomes: HashMap<i64, Outcome>,
@@ -209,6 +311,8 @@ pub(super) struct StreamState {
     /// Failed attempts so far of events that failed and are not yet published.
     attempts: HashMap<i64, i32>,
     last_idle_advance: Option<Instant>,
+    /// Not before then, look for aggregates to release (`None`: at the next claim).
+    next_release_check: Option<Instant>,
 }
 
 impl StreamState {
@@ -218,10 +322,21 @@ impl StreamState {
     }
 }
 
+/// A shard's next position: the row, the delta being consumed (`None`: exhausted) and the
+/// rows of the batch it passes.
+struct Advance {
+    next: PositionRow,
+    cur: Option<String>,
+    passed: Vec<i64>,
+}
+
 /// The new position of each shard of `p`, given the outcomes: up to the first event of the
-/// shard not published; the whole delta (last snapshot := the delta's end) when every row it
-/// offered was published. `None` for a shard whose position stays.
-fn advanced(p: &Pending) -> Vec<(PositionRow, Option<String>)> {
+/// shard neither published nor copied aside (dead, parked); the whole delta (last snapshot :=
+/// the delta's end) when every row it offered was passed. A shard whose position stays is left
+/// out: among them the shards with no row in a full batch, whose deltas may hold rows the
+/// batch had no room for (treating them as empty lost those rows: 796 of 3,000 events
+/// published in `stream_delta_larger_than_a_batch_loses_nothing`).
+fn advanced(p: &Pending) -> Vec<Advance> {
     let mut out = Vec::new();
     for pos in &p.positions {
         let rows: Vec<i64> = p
@@ -230,62 +345,123 @@ fn advanced(p: &Pending) -> Vec<(PositionRow, Option<String>)> {
             .filter(|(_, s)| *s == pos.shard)
             .map(|(seq, _)| *seq)
             .collect();
+        if rows.is_empty() && p.full {
+            continue;
+        }
         let done = rows
             .iter()
-            .take_while(|seq| p.outcomes.get(seq) == Some(&Outcome::Published))
+            .take_while(|seq| p.outcomes.get(seq).is_some_and(Outcome::passed))
             .count();
         let offered = p.offered.get(&pos.shard).copied().unwrap_or(0);
+        let passed = rows[..done].to_vec();
         if done == rows.len() && rows.len() as i64 == offered {
-            // The delta is exhausted: every row it offered is published.
+            // The delta is exhausted: every row it offered is passed.
             let next = PositionRow {
                 last_snap: pos.cur_snap.clone(),
                 cur_seq: 0,
                 ..pos.clone()
             };
-            out.push((next, None));
+            out.push(Advance {
+                next,
+                cur: None,
+                passed,
+            });
         } else if done > 0 {
             let next = PositionRow {
                 cur_seq: rows[done - 1],
                 ..pos.clone()
             };
-            out.push((next, Some(pos.cur_snap.clone())));
+            out.push(Advance {
+                next,
+                cur: Some(pos.cur_snap.clone()),
+                passed,
+            });
         }
     }
     out
 }
 
+/// The rows of `batch` to copy into `outbox_stream_dead_letters`, as `ADVANCE`'s and
+/// `SETTLE_RELEASE`'s arrays: seq, attempts, error, and the dead letter a parked row waits
+/// behind.
+#[derive(Default)]
+struct DeadRows {
+    seqs: Vec<i64>,
+    attempts: Vec<i32>,
+    errors: Vec<String>,
+    behind: Vec<Option<i64>>,
+}
+
+impl DeadRows {
+    fn push(&mut self, seq: i64, outcome: &Outcome, attempts: &HashMap<i64, i32>) {
+        let (error, behind) = match outcome {
+            Outcome::Dead(error) | Outcome::Malformed(error) => (error.clone(), None),
+            Outcome::Parked(behind) => (
+                format!(
+                    "parked: an earlier event of its aggregate is a dead letter (seq {behind})"
+                ),
+                Some(*behind),
+            ),
+            _ => return,
+        };
+        self.seqs.push(seq);
+        self.attempts.push(attempts.get(&seq).copied().unwrap_or(0));
+        self.errors.push(error);
+        self.behind.push(behind);
+    }
+}
+
 impl PgRelayStore {
-    /// A stream claim (see the module's documentation).
+    /// A stream claim (see the module's documentation): a release batch if an aggregate is
+    /// due for one, else the next delta.
     pub(super) async fn claim_stream(
         &mut self,
         relay: &str,
         limit: usize,
         lease: Duration,
+        dead_letters_block: bool,
     ) -> Result<Vec<OutboxMessage>, StoreError> {
+        if self.stream.pending.take().is_some() {
+            // The engine claims only after the batch in flight settled; one left means its
+            // settle gave up (the database was away past the lease): its rows come again.
+            tracing::warn!("stream batch was not settled; its rows will be published again");
+        }
+        if self
+            .stream
+            .next_release_check
+            .is_none_or(|t| Instant::now() >= t)
+        {
+            let batch = self.claim_release(relay, limit, lease).await?;
+            if !batch.is_empty() {
+                self.stream.next_release_check = None;
+                return Ok(batch);
+            }
+            self.stream.next_release_check = Some(Instant::now() + RELEASE_CHECK);
+        }
         // A bounded delta can hold nothing for this relay (its rows were all seen by the last
-        // snapshot, or are other shards'): its positions move on at once and the claim looks
-        // again, so that an event committed after the bound is not held back until the next
-        // idle advance. Each round moves every bounded position past at least one row.
+        // snapshot, or are other shards'), or only rows to copy aside (parked, malformed):
+        // its positions move on at once and the claim looks again, so that an event committed
+        // after the bound is not held back until the next idle advance. Each round moves
+        // every such position past at least one row.
         for _ in 0..8 {
-            if let Some(batch) = self.claim_stream_round(relay, limit, lease).await? {
+            if let Some(batch) = self
+                .claim_stream_round(relay, limit, lease, dead_letters_block)
+                .await?
+            {
                 return Ok(batch);
             }
         }
         Ok(Vec::new())
     }
 
-    /// One claim: `None` when it found nothing to publish but moved bounded positions on.
+    /// One claim: `None` when it found nothing to publish but moved positions on.
     async fn claim_stream_round(
         &mut self,
         relay: &str,
         limit: usize,
         lease: Duration,
+        dead_letters_block: bool,
     ) -> Result<Option<Vec<OutboxMessage>>, StoreError> {
-        if self.stream.pending.take().is_some() {
-            // The engine claims only after the batch in flight settled; one left means its
-            // settle gave up (the database was away past the lease): its rows come again.
-            tracing::warn!("stream batch was not settled; its rows will be published again");
-        }
         let now = Instant::now();
         self.stream.holds.retain(|_, until| *until > now);
         let conn = self.base.guarded("claim", lease).await?;
@@ -312,47 +488,50 @@ impl PgRelayStore {
             .bind::<Array<Text>, _>(&curs)
             .bind::<Array<BigInt>, _>(&cursors)
             .bind::<BigInt, _>(batch)
+            .bind::<Bool, _>(dead_letters_block)
             .load::<CandidateRow>(conn)
             .await;
         let candidates = self.base.check("claim", r)?;
+        let full = candidates.len() >= limit;
 
         let mut offered = HashMap::new();
         let mut rows = Vec::new();
         let mut messages = Vec::new();
-        let mut cut: Vec<i16> = Vec::new();
+        let mut outcomes = HashMap::new();
         for c in candidates {
             offered.insert(c.stream_shard, c.shard_rows);
-            if cut.contains(&c.stream_shard) {
+            let seq = c.columns.seq;
+            rows.push((seq, c.stream_shard));
+            if let Some(behind) = c.parked_behind {
+                outcomes.insert(seq, Outcome::Parked(behind));
                 continue;
             }
             match c.columns.into_message(Ok(c.id), c.created_at) {
                 Ok(mut m) => {
-                    m.attempts = self.stream.attempts.get(&m.seq).copied().unwrap_or(0) + 1;
-                    rows.push((m.seq, c.stream_shard));
+                    m.attempts += self.stream.attempts.get(&m.seq).copied().unwrap_or(0) + 1;
                     messages.push(m);
                 }
                 Err(bad) => {
-                    // The table's checks refuse such rows; one from before them holds its
-                    // shard (no dead letters in stream mode yet).
+                    // The table's checks refuse such rows; one from before them is a dead
+                    // letter at once, as in the lease modes.
                     tracing::error!(
-                        seq = bad.failure.seq, error = %bad.failure.error,
-                        "stream: malformed event holds its shard (no dead letters in stream mode yet)"
+                        seq, error = %bad.failure.error,
+                        "stream: malformed event dead-lettered"
                     );
-                    cut.push(c.stream_shard);
-                    self.stream
-                        .holds
-                        .insert(c.stream_shard, now + DEAD_LETTER_HOLD);
+                    outcomes.insert(seq, Outcome::Malformed(bad.failure.error));
                 }
             }
         }
         let pending = Pending {
+            release: false,
             positions,
             offered,
+            full,
             rows,
-            outcomes: HashMap::new(),
+            outcomes,
         };
         if messages.is_empty() {
-            if bounded {
+            if bounded || !pending.outcomes.is_empty() {
                 self.advance(relay, &pending).await?;
                 return Ok(None);
             }
@@ -371,9 +550,68 @@ impl PgRelayStore {
         Ok(Some(messages))
     }
 
+    /// A release batch (see the module docs): the copies of the aggregates due, in `seq`
+    /// order, as messages; empty if none is due.
+    async fn claim_release(
+        &mut self,
+        relay: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
+        let now = Instant::now();
+        self.stream.holds.retain(|_, until| *until > now);
+        let held: Vec<i16> = self.stream.holds.keys().copied().collect();
+        let conn = self.base.guarded("claim", lease).await?;
+        let r = diesel::sql_query(RELEASABLE)
+            .bind::<Text, _>(relay)
+            .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind::<Array<SmallInt>, _>(&held)
+            .load::<CandidateRow>(conn)
+            .await;
+        let candidates = self.base.check("claim dead letters to release", r)?;
+        let mut rows = Vec::new();
+        let mut messages = Vec::new();
+        let mut outcomes = HashMap::new();
+        for c in candidates {
+            let seq = c.columns.seq;
+            rows.push((seq, c.stream_shard));
+            match c.columns.into_message(Ok(c.id), c.created_at) {
+                Ok(mut m) => {
+                    m.attempts += self.stream.attempts.get(&m.seq).copied().unwrap_or(0) + 1;
+                    messages.push(m);
+                }
+                Err(bad) => {
+                    outcomes.insert(seq, Outcome::Malformed(bad.failure.error));
+                }
+            }
+        }
+        if rows.is_empty() {
+            return Ok(messages);
+        }
+        tracing::info!(
+            events = rows.len(),
+            "stream: releasing dead letters retried or purged, in order"
+        );
+        let pending = Pending {
+            release: true,
+            positions: Vec::new(),
+            offered: HashMap::new(),
+            full: false,
+            rows,
+            outcomes,
+        };
+        if messages.is_empty() {
+            // Only malformed copies: dead letters again.
+            self.settle_release(relay, &pending).await?;
+            return Ok(messages);
+        }
+        self.stream.pending = Some(pending);
+        Ok(messages)
+    }
+
     /// Records the outcome of `seqs` of the stream batch in flight; once every event of the
-    /// batch has one, advances the positions. Returns how many of `seqs` count as settled
-    /// (0 if the positions' update was fenced: another relay owns the shards now).
+    /// batch has one, advances the positions (or settles the release). Returns how many of
+    /// `seqs` count as settled (0 if the write was fenced: another relay owns the shards now).
     pub(super) async fn settle_stream(
         &mut self,
         relay: &str,
@@ -395,33 +633,50 @@ impl PgRelayStore {
         }
         let now = Instant::now();
         let mut holds = Vec::new();
+        // The attempt just made, of each event that failed (undone if nothing is written).
+        let mut counted = Vec::new();
         for (seq, shard) in &p.rows {
             match p.outcomes.get(seq) {
                 Some(Outcome::Failed(after)) => {
-                    *self.stream.attempts.entry(*seq).or_insert(0) += 1;
+                    counted.push(*seq);
                     holds.push((*shard, now + *after));
                 }
+                Some(Outcome::Dead(_)) => counted.push(*seq),
                 Some(Outcome::Published) => {
                     self.stream.attempts.remove(seq);
                 }
                 _ => {}
             }
         }
+        for seq in &counted {
+            *self.stream.attempts.entry(*seq).or_insert(0) += 1;
+        }
         // Put back if not written: the engine calls again.
-        match self.advance(relay, &p).await {
+        let written = if p.release {
+            self.settle_release(relay, &p).await
+        } else {
+            self.advance(relay, &p).await
+        };
+        match written {
             Ok(fenced) => {
                 for (shard, until) in holds {
                     let e = self.stream.holds.entry(shard).or_insert(until);
                     *e = (*e).max(until);
                 }
+                // A dead letter's count went with its copy.
+                for (seq, _) in &p.rows {
+                    if matches!(
+                        p.outcomes.get(seq),
+                        Some(Outcome::Dead(_) | Outcome::Malformed(_))
+                    ) {
+                        self.stream.attempts.remove(seq);
+                    }
+                }
                 Ok(if fenced { 0 } else { n })
             }
             Err(e) => {
-                // Undo the attempts counted above; the engine calls again.
-                for (seq, _) in &p.rows {
-                    if let Some(Outcome::Failed(_)) = p.outcomes.get(seq)
-                        && let Some(a) = self.stream.attempts.get_mut(seq)
-                    {
+                for seq in &counted {
+                    if let Some(a) = self.stream.attempts.get_mut(seq) {
                         *a -= 1;
                     }
                 }
@@ -431,17 +686,26 @@ impl PgRelayStore {
         }
     }
 
-    /// Writes the positions `p` comes to; `true` if some were fenced (not written).
+    /// Writes the positions `p` comes to, with the copies of the dead letters and parked
+    /// events they pass; `true` if some were fenced (not written).
     async fn advance(&mut self, relay: &str, p: &Pending) -> Result<bool, StoreError> {
         let next = advanced(p);
         if next.is_empty() {
             return Ok(false);
         }
-        let shards: Vec<i16> = next.iter().map(|(n, _)| n.shard).collect();
-        let lasts: Vec<&str> = next.iter().map(|(n, _)| n.last_snap.as_str()).collect();
-        let curs: Vec<Option<&str>> = next.iter().map(|(_, c)| c.as_deref()).collect();
-        let cursors: Vec<i64> = next.iter().map(|(n, _)| n.cur_seq).collect();
-        let versions: Vec<i64> = next.iter().map(|(n, _)| n.version).collect();
+        let mut dead = DeadRows::default();
+        for a in &next {
+            for seq in &a.passed {
+                if let Some(outcome) = p.outcomes.get(seq) {
+                    dead.push(*seq, outcome, &self.stream.attempts);
+                }
+            }
+        }
+        let shards: Vec<i16> = next.iter().map(|a| a.next.shard).collect();
+        let lasts: Vec<&str> = next.iter().map(|a| a.next.last_snap.as_str()).collect();
+        let curs: Vec<Option<&str>> = next.iter().map(|a| a.cur.as_deref()).collect();
+        let cursors: Vec<i64> = next.iter().map(|a| a.next.cur_seq).collect();
+        let versions: Vec<i64> = next.iter().map(|a| a.next.version).collect();
         let conn = self.base.conn().await?;
         let r = diesel::sql_query(ADVANCE)
             .bind::<Text, _>(relay)
@@ -450,9 +714,13 @@ impl PgRelayStore {
             .bind::<Array<Nullable<Text>>, _>(&curs)
             .bind::<Array<BigInt>, _>(&cursors)
             .bind::<Array<BigInt>, _>(&versions)
-            .execute(conn)
+            .bind::<Array<BigInt>, _>(&dead.seqs)
+            .bind::<Array<Integer>, _>(&dead.attempts)
+            .bind::<Array<Text>, _>(&dead.errors)
+            .bind::<Array<Nullable<BigInt>>, _>(&dead.behind)
+            .get_result::<CountRow>(conn)
             .await;
-        let written = self.base.check("advance stream positions", r)?;
+        let written = self.base.check("advance stream positions", r)?.n as usize;
         if written < next.len() {
             tracing::warn!(
                 fenced = next.len() - written,
@@ -460,5 +728,44 @@ impl PgRelayStore {
             );
         }
         Ok(written < next.len())
+    }
+
+    /// Settles a release batch: deletes the copies published, makes those that failed for
+    /// good dead letters again; `true` if some were fenced (their shard moved on).
+    async fn settle_release(&mut self, relay: &str, p: &Pending) -> Result<bool, StoreError> {
+        let published: Vec<i64> = p
+            .rows
+            .iter()
+            .filter(|(seq, _)| p.outcomes.get(seq) == Some(&Outcome::Published))
+            .map(|(seq, _)| *seq)
+            .collect();
+        let mut dead = DeadRows::default();
+        for (seq, _) in &p.rows {
+            if let Some(outcome @ (Outcome::Dead(_) | Outcome::Malformed(_))) = p.outcomes.get(seq)
+            {
+                dead.push(*seq, outcome, &self.stream.attempts);
+            }
+        }
+        let expected = published.len() + dead.seqs.len();
+        if expected == 0 {
+            return Ok(false);
+        }
+        let conn = self.base.conn().await?;
+        let r = diesel::sql_query(SETTLE_RELEASE)
+            .bind::<Text, _>(relay)
+            .bind::<Array<BigInt>, _>(&published)
+            .bind::<Array<BigInt>, _>(&dead.seqs)
+            .bind::<Array<Integer>, _>(&dead.attempts)
+            .bind::<Array<Text>, _>(&dead.errors)
+            .get_result::<CountRow>(conn)
+            .await;
+        let written = self.base.check("settle released dead letters", r)?.n as usize;
+        if written < expected {
+            tracing::warn!(
+                fenced = expected - written,
+                "released dead letters not settled: their shards moved to another relay"
+            );
+        }
+        Ok(written < expected)
     }
 }

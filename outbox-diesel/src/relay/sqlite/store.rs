@@ -66,7 +66,7 @@ fn claim_in(
             .bind::<Bool, _>(dead_letters_block)
             .load::<TextIdRow>(conn)?,
         // Refused by the store's `claim` before it gets here.
-        ClaimOrder::Stream => Vec::new(),
+        ClaimOrder::Stream { .. } => Vec::new(),
     };
     Ok(rows.into_iter().map(TextIdRow::into_message).collect())
 }
@@ -119,7 +119,7 @@ fn rebalance_in(
 
 impl RelayStore for SqliteRelayStore {
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
-        if claim.order == ClaimOrder::Stream {
+        if matches!(claim.order, ClaimOrder::Stream { .. }) {
             return Err(StoreError::new(
                 "claim",
                 outbox_core::relay::UnsupportedMode::new("stream", "SQLite"),

@@ -48,7 +48,7 @@ impl RelayStore for MemoryStore {
                 leader_only,
                 dead_letters_block,
             } => (true, owned_shards_only, leader_only, dead_letters_block),
-            ClaimOrder::Stream => {
+            ClaimOrder::Stream { .. } => {
                 return Err(StoreError::new(
                     "claim",
                     crate::relay::UnsupportedMode::new("stream", "the in-memory store"),
