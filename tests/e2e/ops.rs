@@ -92,9 +92,15 @@ fn status_and_purge(url: &str, exec: impl Fn(&str), rows: impl Fn() -> Vec<Row>)
             "oldest_pending_age_seconds",
             "blocked_aggregates",
             "relays",
-            "leader"
+            "leader",
+            "stream"
         ]),
         "exactly the documented fields"
+    );
+    assert_eq!(
+        s["stream"],
+        serde_json::Value::Null,
+        "stream mode never ran: {s}"
     );
     assert_eq!(s["pending"], 6, "{s}");
     assert_eq!(s["in_flight"], 0, "{s}");

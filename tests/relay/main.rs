@@ -24,3 +24,5 @@ mod postgres;
 mod sqlite;
 #[cfg(feature = "postgres")]
 mod stream;
+#[cfg(feature = "postgres")]
+mod stream_admin;

@@ -100,10 +100,11 @@ pub enum DeadCommand {
         json: bool,
     },
     /// Make dead letters pending again (attempts 0, due now): the relay publishes them, and
-    /// an ordered aggregate's later events follow in order.
+    /// an ordered aggregate's later events follow in order. Stream mode's dead letters get
+    /// their retry asked for: the stream relay publishes them, then their parked events.
     Retry(SettleArgs),
     /// Delete dead letters (only dead rows): an ordered aggregate's later events move on
-    /// without them.
+    /// without them (in stream mode, its parked events are published).
     Purge(SettleArgs),
 }
 
@@ -211,7 +212,10 @@ fn print_status(s: &Status) {
     }
     println!("leader:             {}", s.leader.as_deref().unwrap_or("-"));
     if let Some(stream) = &s.stream {
-        println!("stream:             pending counts the events beyond the stream's positions");
+        println!(
+            "stream:             pending counts the events beyond the stream's positions \
+             and the parked ones"
+        );
         match &stream.oldest_open_transaction {
             Some(t) => println!(
                 "  open transaction: {:.1} s, pid {}{}{}{} (its events wait for its commit; \
@@ -231,6 +235,14 @@ fn print_status(s: &Status) {
             ),
             None => println!("  open transaction: none held by the positions"),
         }
+        println!(
+            "  parked:           {} (behind their aggregate's dead letter; counted as pending)",
+            stream.parked
+        );
+        println!(
+            "  retry requested:  {} (dead letters waiting for a stream relay to publish them)",
+            stream.retry_requested
+        );
     }
     if s.relays.is_empty() {
         println!("relays:             none");
@@ -260,8 +272,13 @@ fn print_status(s: &Status) {
 }
 
 fn print_dead(d: &DeadLetter) {
+    // A stream dead letter whose retry was asked for is still one until a stream relay
+    // publishes it: say so, so that a second `dead retry` is not taken for a failure.
+    let retry = d.retry_requested_at.map_or(String::new(), |t| {
+        format!("  retry requested {t} (waits for a stream relay)")
+    });
     println!(
-        "{:>8}  {}  {}/{}  {} v{}  attempts {}  dead {}  {}",
+        "{:>8}  {}  {}/{}  {} v{}  attempts {}  dead {}{}  {}",
         d.seq,
         d.id,
         d.aggregate_type,
@@ -270,6 +287,7 @@ fn print_dead(d: &DeadLetter) {
         d.event_version,
         d.attempts,
         d.dead_at.map(|t| t.to_string()).unwrap_or_default(),
+        retry,
         d.last_error.as_deref().unwrap_or("")
     );
 }

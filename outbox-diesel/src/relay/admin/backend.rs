@@ -66,13 +66,125 @@ pub trait AdminConnection: Sealed + Send {
     ) -> impl Future<Output = Result<u64, AdminError>> + Send;
 }
 
+/// Stream mode's dead-letter statements (PostgreSQL): [`filtered_statements!`]'s
+/// `STREAM_DEAD`, `None` on a backend without stream mode. Each covers the lease modes' dead
+/// rows and stream mode's dead letters (rows of `outbox_stream_dead_letters` with
+/// `parked_behind IS NULL`; parked rows are not dead letters, as the events a lease-mode dead
+/// letter holds back are simply pending).
+pub(crate) struct StreamDeadStatements {
+    /// `LIST_DEAD` `UNION ALL` the stream dead letters: one statement, one `ORDER BY seq
+    /// LIMIT` over both, parameters as `LIST_DEAD`'s.
+    pub list: &'static str,
+    /// `COUNT_DEAD` plus the stream dead letters, in one statement.
+    pub count: &'static str,
+    /// Asks for a retry of the stream dead letters not asked for yet (`retry_requested_at`,
+    /// `attempts = 0`): the stream relay then releases their aggregates. Runs after `RETRY`,
+    /// in its transaction; binds the filter, then the retry's now as `RETRY` does.
+    pub retry: &'static str,
+    /// Deletes the stream dead letters (never a parked row: the stream relay then releases
+    /// their aggregates' parked events). Runs after `PURGE`, in its transaction.
+    pub purge: &'static str,
+}
+
 /// Defines the admin statements whose text is the same on every backend but for the filter
 /// and the text of a time column (the backend's `filter!()` and `time!(column)`, expanded
 /// where this is), the time they take as now (`now`, `retry_now`, `replay_now`: SQLite binds
 /// it, `?1`, `?9` and `?11`), the placeholders of their own parameters (`after`, `limit`,
 /// `last`), the integer type a count is cast to (`int`), and the relay's session and the
 /// event's id as text (`session`, `id`).
+///
+/// `stream_dead_letters: true` (PostgreSQL) also defines `STREAM_DEAD` as `Some` of the
+/// statements over stream mode's dead letters ([`StreamDeadStatements`]); `false` defines it
+/// as `None`. They are written here, not in the backend's file as `STREAM` is, because the
+/// list and the count are one statement over both tables (a page is one `ORDER BY seq LIMIT`
+/// of the union, read in one snapshot), so they need the lease statements' text, which only
+/// exists here: the `@`-rules below give it as literals to both `LIST_DEAD`/`COUNT_DEAD` and
+/// the union (`concat!` takes literals, not constants). The table's columns are named as
+/// `outbox_events`'s, so the same `filter!()` and `time!()` apply.
 macro_rules! filtered_statements {
+    (
+        @list_dead id: $id:literal, int: $int:literal, after: $after:literal, limit: $limit:literal
+    ) => {
+        concat!(
+            "SELECT seq, ",
+            $id,
+            " AS id, aggregate_type, aggregate_id, event_type, event_version, topic, attempts, ",
+            time!("created_at"),
+            " AS created_at, ",
+            time!("dead_at"),
+            " AS dead_at, last_error, NULL AS retry_requested_at, CAST(0 AS ",
+            $int,
+            ") AS stream FROM outbox_events \
+             WHERE dead_at IS NOT NULL AND published_at IS NULL",
+            filter!(),
+            " AND seq > ",
+            $after,
+            " ORDER BY seq LIMIT ",
+            $limit
+        )
+    };
+    (@count_dead) => {
+        concat!(
+            "SELECT COUNT(*) AS n FROM outbox_events \
+             WHERE dead_at IS NOT NULL AND published_at IS NULL",
+            filter!()
+        )
+    };
+    (@stream_dead false, $($unused:tt)*) => {
+        None
+    };
+    (
+        @stream_dead true,
+        id: $id:literal,
+        int: $int:literal,
+        retry_now: $retry_now:literal,
+        after: $after:literal,
+        limit: $limit:literal
+    ) => {
+        Some($crate::relay::admin::backend::StreamDeadStatements {
+            list: concat!(
+                "(",
+                filtered_statements!(@list_dead id: $id, int: $int, after: $after, limit: $limit),
+                ") UNION ALL (SELECT seq, ",
+                $id,
+                " AS id, aggregate_type, aggregate_id, event_type, event_version, topic, \
+                 attempts, ",
+                time!("created_at"),
+                " AS created_at, ",
+                time!("dead_at"),
+                " AS dead_at, last_error, ",
+                time!("retry_requested_at"),
+                " AS retry_requested_at, CAST(1 AS ",
+                $int,
+                ") AS stream FROM outbox_stream_dead_letters WHERE parked_behind IS NULL",
+                filter!(),
+                " AND seq > ",
+                $after,
+                " ORDER BY seq LIMIT ",
+                $limit,
+                ") ORDER BY seq LIMIT ",
+                $limit
+            ),
+            count: concat!(
+                "SELECT (",
+                filtered_statements!(@count_dead),
+                ") + (SELECT COUNT(*) FROM outbox_stream_dead_letters \
+                 WHERE parked_behind IS NULL",
+                filter!(),
+                ") AS n"
+            ),
+            retry: concat!(
+                "UPDATE outbox_stream_dead_letters SET retry_requested_at = ",
+                $retry_now,
+                ", attempts = 0 WHERE parked_behind IS NULL AND retry_requested_at IS NULL",
+                filter!()
+            ),
+            purge: concat!(
+                "DELETE FROM outbox_stream_dead_letters WHERE parked_behind IS NULL",
+                filter!()
+            ),
+        })
+    };
     (
         now: $now:literal,
         int: $int:literal,
@@ -82,7 +194,8 @@ macro_rules! filtered_statements {
         replay_now: $replay_now:literal,
         after: $after:literal,
         limit: $limit:literal,
-        last: $last:literal $(,)?
+        last: $last:literal,
+        stream_dead_letters: $stream_dead:tt $(,)?
     ) => {
         const RELAYS: &str = concat!(
             "SELECT r.relay_id, r.mode, r.state, ",
@@ -103,21 +216,10 @@ macro_rules! filtered_statements {
             $now,
             " ORDER BY name LIMIT 1"
         );
-        const LIST_DEAD: &str = concat!(
-            "SELECT seq, ",
-            $id,
-            " AS id, aggregate_type, aggregate_id, event_type, event_version, topic, attempts, ",
-            time!("created_at"),
-            " AS created_at, ",
-            time!("dead_at"),
-            " AS dead_at, last_error FROM outbox_events \
-             WHERE dead_at IS NOT NULL AND published_at IS NULL",
-            filter!(),
-            " AND seq > ",
-            $after,
-            " ORDER BY seq LIMIT ",
-            $limit
-        );
+        /// The lease modes' dead rows (`retry_requested_at` NULL, `stream` 0: the columns of
+        /// stream mode's dead letters in `STREAM_DEAD.list`).
+        const LIST_DEAD: &str =
+            filtered_statements!(@list_dead id: $id, int: $int, after: $after, limit: $limit);
         /// Aggregates whose dead letter holds back a later pending event (index
         /// `outbox_events_dead_aggregate`, then `outbox_events_pending_aggregate`).
         const BLOCKED: &str = "SELECT COUNT(*) AS n FROM (SELECT DISTINCT d.aggregate_type, \
@@ -126,11 +228,18 @@ macro_rules! filtered_statements {
              AND EXISTS (SELECT 1 FROM outbox_events p WHERE p.aggregate_type = d.aggregate_type \
                  AND p.aggregate_id = d.aggregate_id AND p.seq > d.seq \
                  AND p.published_at IS NULL AND p.dead_at IS NULL)) b";
-        const COUNT_DEAD: &str = concat!(
-            "SELECT COUNT(*) AS n FROM outbox_events \
-             WHERE dead_at IS NOT NULL AND published_at IS NULL",
-            filter!()
-        );
+        const COUNT_DEAD: &str = filtered_statements!(@count_dead);
+        /// Stream mode's dead letters, where there is stream mode (see
+        /// [`StreamDeadStatements`]).
+        const STREAM_DEAD: Option<$crate::relay::admin::backend::StreamDeadStatements> =
+            filtered_statements!(
+                @stream_dead $stream_dead,
+                id: $id,
+                int: $int,
+                retry_now: $retry_now,
+                after: $after,
+                limit: $limit
+            );
         const COUNT_PUBLISHED: &str = concat!(
             "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NOT NULL",
             filter!()
@@ -198,8 +307,8 @@ pub(crate) mod server {
 }
 
 /// Implements [`AdminConnection`] for `$conn` over the statements of the module it is
-/// expanded in: the constants `COUNTS`, `BLOCKED`, `RELAYS`, `LEADER`, `STREAM` (`None` where
-/// there is no stream mode), `LIST_DEAD`,
+/// expanded in: the constants `COUNTS`, `BLOCKED`, `RELAYS`, `LEADER`, `STREAM` and
+/// `STREAM_DEAD` (`None` where there is no stream mode), `LIST_DEAD`,
 /// `COUNT_DEAD`, `COUNT_PUBLISHED`, `RETRY`, `PURGE`, `REPLAY_BOUND` and `REPLAY`, and the
 /// functions `bind(sql, filter)` (a boxed query with the filter bound), `clock()` and
 /// `stamp(query, &clock)` (the "now" a statement binds: SQLite binds the caller's clock,
@@ -252,7 +361,8 @@ macro_rules! admin_connection {
                 after_seq: i64,
                 limit: i64,
             ) -> Result<Vec<DeadLetter>, AdminError> {
-                let q = bind(LIST_DEAD, filter)
+                let sql = STREAM_DEAD.as_ref().map_or(LIST_DEAD, |s| s.list);
+                let q = bind(sql, filter)
                     .bind::<BigInt, _>(after_seq)
                     .bind::<BigInt, _>(limit);
                 let rows: Vec<DeadRow> = db("list dead letters", q.load(self).await)?;
@@ -264,19 +374,46 @@ macro_rules! admin_connection {
                 filter: &Filter,
                 dead: bool,
             ) -> Result<i64, AdminError> {
-                let sql = if dead { COUNT_DEAD } else { COUNT_PUBLISHED };
+                let sql = match (dead, &STREAM_DEAD) {
+                    (true, Some(s)) => s.count,
+                    (true, None) => COUNT_DEAD,
+                    (false, _) => COUNT_PUBLISHED,
+                };
                 let row: NRow = db("count events", bind(sql, filter).get_result(self).await)?;
                 Ok(row.n)
             }
 
             async fn admin_retry(&mut self, filter: &Filter) -> Result<u64, AdminError> {
-                let q = stamp(bind(RETRY, filter), &clock());
-                db("retry dead letters", q.execute(self).await).map(|n| n as u64)
+                let now = clock();
+                let Some(stream) = &STREAM_DEAD else {
+                    let q = stamp(bind(RETRY, filter), &now);
+                    return db("retry dead letters", q.execute(self).await).map(|n| n as u64);
+                };
+                // Both kinds in one transaction: a retry is all or nothing.
+                let (now, stream_retry) = (&now, stream.retry);
+                let n = diesel_async::AsyncConnection::transaction(self, async |conn| {
+                    let lease = stamp(bind(RETRY, filter), now).execute(conn).await?;
+                    let stream = stamp(bind(stream_retry, filter), now).execute(conn).await?;
+                    Ok::<_, diesel::result::Error>(lease + stream)
+                })
+                .await;
+                db("retry dead letters", n).map(|n| n as u64)
             }
 
             async fn admin_purge(&mut self, filter: &Filter) -> Result<u64, AdminError> {
-                let q = bind(PURGE, filter);
-                db("purge dead letters", q.execute(self).await).map(|n| n as u64)
+                let Some(stream) = &STREAM_DEAD else {
+                    let q = bind(PURGE, filter);
+                    return db("purge dead letters", q.execute(self).await).map(|n| n as u64);
+                };
+                // Both kinds in one transaction: a purge is all or nothing.
+                let stream_purge = stream.purge;
+                let n = diesel_async::AsyncConnection::transaction(self, async |conn| {
+                    let lease = bind(PURGE, filter).execute(conn).await?;
+                    let stream = bind(stream_purge, filter).execute(conn).await?;
+                    Ok::<_, diesel::result::Error>(lease + stream)
+                })
+                .await;
+                db("purge dead letters", n).map(|n| n as u64)
             }
 
             async fn admin_replay_bound(

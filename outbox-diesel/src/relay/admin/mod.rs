@@ -75,7 +75,10 @@ impl<C: AdminConnection> Admin<C> {
     }
 
     /// Dead letters (`dead_at` set, not published) matching `filter`, in `seq` order: at most
-    /// `limit`, after `after_seq` (pass the last `seq` of a page to get the next page).
+    /// `limit`, after `after_seq` (pass the last `seq` of a page to get the next page). On
+    /// PostgreSQL, stream mode's dead letters too (in `outbox_stream_dead_letters`:
+    /// [`DeadLetter::stream`]; one whose retry waits for a stream relay has
+    /// [`DeadLetter::retry_requested_at`]); the events parked behind them are not dead letters.
     pub async fn dead_letters(
         &mut self,
         filter: &Filter,
@@ -89,7 +92,8 @@ impl<C: AdminConnection> Admin<C> {
 
     /// How many dead letters (`dead`) or published events (`!dead`) match `filter`: what
     /// [`retry_dead`](Self::retry_dead) / [`purge_dead`](Self::purge_dead) or
-    /// [`replay`](Self::replay) would touch now.
+    /// [`replay`](Self::replay) would touch now (stream mode's dead letters whose retry is
+    /// asked for already are counted: a purge deletes them, a retry leaves them as they are).
     pub async fn count(&mut self, filter: &Filter, dead: bool) -> Result<i64, AdminError> {
         filter.validate()?;
         self.conn.admin_count(filter, dead).await
@@ -98,7 +102,11 @@ impl<C: AdminConnection> Admin<C> {
     /// Makes the dead letters matching `filter` pending again: `attempts = 0`,
     /// `dead_at = NULL`, `available_at = now`, lease cleared; `last_error` is kept (the
     /// last failure stays visible until the next one). In ordered modes the aggregate's
-    /// later events then follow it, in order. Returns how many rows were retried.
+    /// later events then follow it, in order. Stream mode's dead letters (PostgreSQL) stay
+    /// where they are with `retry_requested_at` set and `attempts = 0` (those asked for
+    /// already are left as they are): the stream relay holding their shard then publishes
+    /// each, and its aggregate's parked events after it, in order. Both kinds in one
+    /// transaction. Returns how many dead letters were retried.
     pub async fn retry_dead(&mut self, filter: &Filter) -> Result<u64, AdminError> {
         filter.validate()?;
         self.conn.admin_retry(filter).await
@@ -106,7 +114,10 @@ impl<C: AdminConnection> Admin<C> {
 
     /// Deletes the dead letters matching `filter` (only dead rows: never a pending or
     /// published one). In ordered modes the aggregate's later events then move on without
-    /// them. Returns how many rows were deleted.
+    /// them. Stream mode's dead letters (PostgreSQL) are deleted from
+    /// `outbox_stream_dead_letters`, never the events parked behind them: the stream relay
+    /// then publishes those, in order. Both kinds in one transaction. Returns how many dead
+    /// letters were deleted.
     pub async fn purge_dead(&mut self, filter: &Filter) -> Result<u64, AdminError> {
         filter.validate()?;
         self.conn.admin_purge(filter).await

@@ -60,6 +60,7 @@ filtered_statements!(
     after: "?",
     limit: "?",
     last: "?",
+    stream_dead_letters: false, // no stream mode: `STREAM_DEAD` is `None`
 );
 
 /// Binds a filter: each value twice, in the order of `filter!`.

@@ -58,6 +58,12 @@ const COUNTS: &str = concat!(
 /// `(shard, xid)` index from the snapshot's xmin on, as the relay's claim reads them), and
 /// the oldest transaction still open whose xid is a position's xmin (`pg_stat_activity`
 /// shows 32-bit xids: the xid8 is taken modulo 2^32).
+///
+/// And its dead letters (`outbox_stream_dead_letters`, one scan of a table that is empty but
+/// while something failed): the dead letters, those whose retry waits for a relay, the parked
+/// rows (pending: not published yet) with the oldest one's time, the aggregates they block,
+/// and how many of the table's rows still have their event row unmarked in `outbox_events`
+/// (by the `seq` primary key: they lie behind the positions, but were not published).
 const STREAM: Option<&str> = Some(concat!(
     "WITH pos AS (SELECT shard, last_snapshot, cur_snapshot, cur_seq, version \
          FROM outbox_stream_positions), \
@@ -73,15 +79,28 @@ const STREAM: Option<&str> = Some(concat!(
          WHERE a.backend_xid IS NOT NULL \
            AND a.backend_xid::text::bigint IN ( \
                SELECT pg_snapshot_xmin(last_snapshot)::text::bigint % 4294967296 FROM pos) \
-         ORDER BY a.xact_start LIMIT 1) \
+         ORDER BY a.xact_start LIMIT 1), \
+     dl AS (SELECT count(*) FILTER (WHERE d.parked_behind IS NULL) AS dead_letters, \
+             count(*) FILTER (WHERE d.parked_behind IS NULL \
+                 AND d.retry_requested_at IS NOT NULL) AS retry_requested, \
+             count(*) FILTER (WHERE d.parked_behind IS NOT NULL) AS parked, \
+             min(d.created_at) FILTER (WHERE d.parked_behind IS NOT NULL) AS oldest_parked, \
+             count(DISTINCT (d.aggregate_type, d.aggregate_id)) \
+                 FILTER (WHERE d.parked_behind IS NOT NULL) AS blocked, \
+             count(o.seq) AS unmarked \
+         FROM outbox_stream_dead_letters d LEFT JOIN outbox_events o ON o.seq = d.seq \
+             AND o.published_at IS NULL AND o.dead_at IS NULL), \
+     oldest AS (SELECT least((SELECT min(created_at) FROM un), \
+         (SELECT oldest_parked FROM dl)) AS t) \
      SELECT coalesce((SELECT max(version) > 0 FROM pos), false) AS used, \
          (SELECT count(*) FROM un) AS unpublished, ",
-    time!("(SELECT min(created_at) FROM un)"),
+    time!("(SELECT t FROM oldest)"),
     " AS oldest_unpublished, \
-         EXTRACT(EPOCH FROM now() - (SELECT min(created_at) FROM un))::float8 \
+         EXTRACT(EPOCH FROM now() - (SELECT t FROM oldest))::float8 \
              AS oldest_unpublished_age, \
-         h.pid, h.datname, h.application, h.state, h.age \
-     FROM (SELECT 1) one LEFT JOIN held h ON true"
+         h.pid, h.datname, h.application, h.state, h.age, \
+         dl.dead_letters, dl.retry_requested, dl.parked, dl.blocked, dl.unmarked \
+     FROM (SELECT 1) one LEFT JOIN held h ON true CROSS JOIN dl"
 ));
 
 filtered_statements!(
@@ -94,6 +113,7 @@ filtered_statements!(
     after: "$9",
     limit: "$10",
     last: "$10",
+    stream_dead_letters: true,
 );
 
 /// Binds a filter as `$1`..`$8`.

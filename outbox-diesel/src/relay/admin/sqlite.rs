@@ -64,6 +64,7 @@ filtered_statements!(
     after: "?9",
     limit: "?10",
     last: "?10",
+    stream_dead_letters: false, // no stream mode: `STREAM_DEAD` is `None`
 );
 
 type Conn = SyncConnectionWrapper<SqliteConnection>;

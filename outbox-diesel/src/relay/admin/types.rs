@@ -128,23 +128,29 @@ pub(crate) fn db<T>(operation: &'static str, r: diesel::QueryResult<T>) -> Resul
 pub struct Status {
     /// Events not yet published and not dead-lettered (includes `in_flight` and `retrying`).
     /// Once stream mode has run (`stream` is set): the events beyond the stream's positions,
-    /// since it publishes without marking rows.
+    /// since it publishes without marking rows, and the events parked behind its dead
+    /// letters ([`StreamStatus::parked`]).
     pub pending: i64,
     /// Pending events leased by a relay right now (being published).
     pub in_flight: i64,
     /// Pending events that failed at least once and wait for their retry time.
     pub retrying: i64,
-    /// Dead letters: failed `max_attempts` times (or malformed); not published.
+    /// Dead letters: failed `max_attempts` times (or malformed); not published. On
+    /// PostgreSQL, stream mode's too (in `outbox_stream_dead_letters`), including those whose
+    /// retry is asked for and waits for a stream relay ([`StreamStatus::retry_requested`]).
     pub dead: i64,
-    /// Published events still in the table (see retention): in stream mode, those behind
-    /// the positions too.
+    /// Published events still in the table (see retention): in stream mode, the rows behind
+    /// the positions too, except those of its dead letters and parked events (the row of an
+    /// event whose stream dead letter was purged stays, and counts here).
     pub published: i64,
     /// When the oldest pending event was written (UTC), if any.
     pub oldest_pending: Option<DateTime<Utc>>,
     /// Its age in seconds, on the database's clock.
     pub oldest_pending_age_seconds: Option<f64>,
     /// Aggregates with a dead letter and a later pending event: under
-    /// `DeadLetterPolicy::Block` these later events wait for `outbox dead retry|purge`.
+    /// `DeadLetterPolicy::Block` these later events wait for `outbox dead retry|purge`. On
+    /// PostgreSQL also stream mode's aggregates with a parked event (until a stream relay
+    /// has released them).
     pub blocked_aggregates: i64,
     /// Every relay that heartbeats in `outbox_relays`, by id.
     pub relays: Vec<RelayInfo>,
@@ -164,6 +170,13 @@ pub struct StreamStatus {
     /// since it began, so claims slow down the longer it stays open. Seen only where the
     /// status's role may read other sessions' activity (superuser, `pg_read_all_stats`).
     pub oldest_open_transaction: Option<OpenTransaction>,
+    /// Events parked behind a dead letter of their aggregate (counted in
+    /// [`Status::pending`]): published, in order, once a stream relay releases the aggregate
+    /// (its dead letter retried or purged).
+    pub parked: i64,
+    /// Dead letters whose retry is asked for (`outbox dead retry`) and that wait for a stream
+    /// relay to publish them (counted in [`Status::dead`] until then).
+    pub retry_requested: i64,
 }
 
 /// A transaction still open, from `pg_stat_activity`.
@@ -231,6 +244,14 @@ pub struct DeadLetter {
     pub dead_at: Option<DateTime<Utc>>,
     /// Why.
     pub last_error: Option<String>,
+    /// Whether it is stream mode's (PostgreSQL): a copy in `outbox_stream_dead_letters`, its
+    /// event row left as it was; `false`: an event row with `dead_at` set (the lease modes).
+    pub stream: bool,
+    /// Stream mode: when its retry was asked for, if it was (UTC). It stays a dead letter
+    /// until the stream relay holding its shard publishes it (with its aggregate's parked
+    /// events after it, once it is its aggregate's first); `None` for the lease modes, whose
+    /// retry makes the event pending at once.
+    pub retry_requested_at: Option<DateTime<Utc>>,
 }
 
 /// Times as every backend's admin SQL renders them: `YYYY-MM-DD HH:MM:SS.ffffff`, UTC.
@@ -286,7 +307,8 @@ pub(crate) struct RelayRow {
 }
 
 /// Stream mode's figures (PostgreSQL): whether its positions ever moved, the events beyond
-/// them, and the oldest open transaction they have in progress.
+/// them, the oldest of those and of the parked events, the oldest open transaction the
+/// positions have in progress, and its dead letters (`outbox_stream_dead_letters`).
 #[derive(QueryableByName)]
 pub(crate) struct StreamRow {
     #[diesel(sql_type = diesel::sql_types::Bool)]
@@ -307,6 +329,21 @@ pub(crate) struct StreamRow {
     state: Option<String>,
     #[diesel(sql_type = Nullable<Double>)]
     age: Option<f64>,
+    /// Dead letters (`parked_behind IS NULL`).
+    #[diesel(sql_type = BigInt)]
+    dead_letters: i64,
+    /// Dead letters whose retry is asked for.
+    #[diesel(sql_type = BigInt)]
+    retry_requested: i64,
+    /// Parked events.
+    #[diesel(sql_type = BigInt)]
+    parked: i64,
+    /// Aggregates with a parked event.
+    #[diesel(sql_type = BigInt)]
+    blocked: i64,
+    /// The table's rows whose event row is still in `outbox_events`, unmarked.
+    #[diesel(sql_type = BigInt)]
+    unmarked: i64,
 }
 
 #[derive(QueryableByName)]
@@ -351,6 +388,10 @@ pub(crate) struct DeadRow {
     dead_at: Option<String>,
     #[diesel(sql_type = Nullable<Text>)]
     last_error: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    retry_requested_at: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    stream: i64,
 }
 
 impl DeadRow {
@@ -367,6 +408,8 @@ impl DeadRow {
             topic: self.topic,
             attempts: self.attempts,
             last_error: self.last_error,
+            stream: self.stream != 0,
+            retry_requested_at: parse_opt("retry_requested_at", self.retry_requested_at)?,
         })
     }
 }
@@ -407,11 +450,18 @@ pub(crate) fn status(
         leader,
         stream: None,
     };
+    if let Some(s) = &stream {
+        // Stream mode's dead letters and the aggregates they block, whether or not the
+        // positions moved (the table fills only as they do).
+        status.dead += s.dead_letters;
+        status.blocked_aggregates += s.blocked;
+    }
     if let Some(s) = stream.filter(|s| s.used) {
         // Stream mode leaves `published_at` NULL: what is pending is what lies beyond the
-        // positions, and the rest of the rows it left unmarked is published.
-        status.published += (status.pending - s.unpublished).max(0);
-        status.pending = s.unpublished;
+        // positions and what is parked behind a dead letter; the rest of the rows it left
+        // unmarked is published, but for the dead letters' and parked events' own rows.
+        status.published += (status.pending - s.unpublished - s.unmarked).max(0);
+        status.pending = s.unpublished + s.parked;
         status.oldest_pending = parse_opt("created_at", s.oldest_unpublished)?;
         status.oldest_pending_age_seconds = s.oldest_unpublished_age.map(|a| a.max(0.0));
         status.stream = Some(StreamStatus {
@@ -422,6 +472,8 @@ pub(crate) fn status(
                 state: s.state,
                 age_seconds: s.age.unwrap_or(0.0).max(0.0),
             }),
+            parked: s.parked,
+            retry_requested: s.retry_requested,
         });
     }
     Ok(status)
