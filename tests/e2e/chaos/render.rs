@@ -10,8 +10,9 @@ use super::Row;
 pub const NOTES_MARKER: &str = "<!-- Notes below are written by hand; scripts/chaos.sh keeps them when it rewrites the figures above. -->";
 
 /// The order scenarios appear in.
-const ORDER: [&str; 7] = [
+const ORDER: [&str; 8] = [
     "relay_sigkill_storm",
+    "stream_relay_sigkill_storm",
     "broker_outage_refused",
     "broker_outage_black_hole",
     "consumer_database_outage",

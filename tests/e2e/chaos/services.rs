@@ -207,15 +207,18 @@ impl Drop for PrivatePostgres {
 /// An `outbox relay --mode sharded` process with the relay's default settings for everything
 /// else (lease, timeouts, retries, batch size): the suite measures what a user gets.
 pub fn relay(db_url: &str, brokers: &str, prefix: &str, extra: &[&str]) -> RelayProcess {
-    RelayProcess::start(
-        &outbox_bin(),
-        "chaos",
-        db_url,
-        brokers,
-        "sharded",
-        prefix,
-        extra,
-    )
+    relay_in_mode(db_url, brokers, prefix, "sharded", extra)
+}
+
+/// A relay process in `mode` (`--mode`).
+pub fn relay_in_mode(
+    db_url: &str,
+    brokers: &str,
+    prefix: &str,
+    mode: &str,
+    extra: &[&str],
+) -> RelayProcess {
+    RelayProcess::start(&outbox_bin(), "chaos", db_url, brokers, mode, prefix, extra)
 }
 
 /// The `outbox` binary: `OUTBOX_CHAOS_BIN` if set (a copy of a known build, when other

@@ -128,8 +128,32 @@ pub fn dead(url: &str) -> Option<i64> {
     )
 }
 
-/// Pending rows that no dead letter of their aggregate holds back: what the relay still owes.
+/// Once stream mode has run (a position moved): the events beyond the stream's positions
+/// (stream mode leaves `published_at` NULL), as `outbox status` counts them.
+fn stream_owed(url: &str) -> Option<Option<i64>> {
+    let ran = count(
+        url,
+        "SELECT COUNT(*) AS n FROM outbox_stream_positions WHERE version > 0",
+    )?;
+    if ran == 0 {
+        return Some(None);
+    }
+    count(
+        url,
+        "SELECT COUNT(*) AS n FROM outbox_events o JOIN outbox_stream_positions p USING (shard) \
+         WHERE NOT pg_visible_in_snapshot(o.xid, p.last_snapshot) \
+           AND (p.cur_snapshot IS NULL OR o.seq > p.cur_seq \
+                OR NOT pg_visible_in_snapshot(o.xid, p.cur_snapshot))",
+    )
+    .map(Some)
+}
+
+/// Pending rows that no dead letter of their aggregate holds back: what the relay still owes
+/// (in stream mode: the events beyond its positions).
 pub fn owed(url: &str) -> Option<i64> {
+    if let Some(n) = stream_owed(url)? {
+        return Some(n);
+    }
     let p = pending(url)?;
     if p == 0 || dead(url)? == 0 {
         return Some(p);
