@@ -171,34 +171,67 @@ pub fn clear_outbox(conn: &mut PgConnection) {
     );
     exec(conn, "DELETE FROM outbox_relays");
     exec(conn, "DELETE FROM outbox_leader");
-}
-
-/// Empties the outbox and the relay coordination tables, then copies the template back in.
-pub fn reset_outbox(conn: &mut PgConnection) {
-    clear_outbox(conn);
+    // Stream mode's positions start over at the current snapshot: every row written after
+    // this is in their first delta.
     exec(
         conn,
-        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version, \
-         payload, headers, shard, created_at, available_at) SELECT gen_random_uuid(), \
-         aggregate_type, aggregate_id, event_type, event_version, payload, headers, shard, \
-         created_at, created_at FROM bench_template ORDER BY n",
+        "UPDATE outbox_stream_positions SET last_snapshot = pg_current_snapshot(), \
+         cur_snapshot = NULL, cur_seq = 0, version = version + 1",
     );
+}
+
+/// Empties the outbox and the relay coordination tables, then copies the template back in,
+/// 1,000 rows a transaction as [`fill_template`] wrote them. (Stream mode reads by
+/// transaction: one transaction of the whole backlog would be one delta that cannot be split,
+/// the case `outbox-diesel/src/relay/pg/stream.rs` measures apart; the lease modes do not
+/// care.)
+pub fn reset_outbox(conn: &mut PgConnection) {
+    clear_outbox(conn);
+    let rows = count(conn, "SELECT count(*) AS c FROM bench_template");
+    for from in (0..rows).step_by(1000) {
+        exec(
+            conn,
+            &format!(
+                "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, \
+                 event_version, payload, headers, shard, created_at, available_at) \
+                 SELECT gen_random_uuid(), aggregate_type, aggregate_id, event_type, \
+                 event_version, payload, headers, shard, created_at, created_at \
+                 FROM bench_template WHERE n > {from} AND n <= {} ORDER BY n",
+                from + 1000
+            ),
+        );
+    }
     exec(conn, "ANALYZE outbox_events");
 }
 
-/// Pending events.
-pub fn pending(conn: &mut PgConnection) -> i64 {
+/// The `c` column of the single row `sql` returns.
+fn count(conn: &mut PgConnection, sql: &str) -> i64 {
     #[derive(QueryableByName)]
     struct C {
         #[diesel(sql_type = BigInt)]
         c: i64,
     }
-    diesel::sql_query(
+    diesel::sql_query(sql).get_result::<C>(conn).expect(sql).c
+}
+
+/// Pending events.
+pub fn pending(conn: &mut PgConnection) -> i64 {
+    count(
+        conn,
         "SELECT count(*) AS c FROM outbox_events WHERE published_at IS NULL AND dead_at IS NULL",
     )
-    .get_result::<C>(conn)
-    .expect("count")
-    .c
+}
+
+/// Events stream mode has not published: beyond their shard's position (not visible in its
+/// last snapshot, and not among the rows of the delta being consumed up to its cursor).
+pub fn pending_stream(conn: &mut PgConnection) -> i64 {
+    count(
+        conn,
+        "SELECT count(*) AS c FROM outbox_events o JOIN outbox_stream_positions p USING (shard) \
+         WHERE NOT pg_visible_in_snapshot(o.xid, p.last_snapshot) \
+           AND (p.cur_snapshot IS NULL OR o.seq > p.cur_seq \
+                OR NOT pg_visible_in_snapshot(o.xid, p.cur_snapshot))",
+    )
 }
 
 /// Fills the template of `n` events over 1,000 aggregates, through `transaction_with_outbox`
@@ -249,7 +282,7 @@ pub async fn drain_ours(
 ) -> Drain {
     let mut conn = PgConnection::establish(url).expect("connect");
     reset_outbox(&mut conn);
-    if mode == Mode::Sharded && relays > 1 {
+    if matches!(mode, Mode::Sharded | Mode::Stream) && relays > 1 {
         // Steady state: the relays start as if they had been running, each already holding
         // its fair share of the shards. (From a cold start the first relay takes all 256 and
         // gives up the surplus at its next renewal, a third of the lease later: 10 s by
@@ -348,7 +381,11 @@ pub async fn drain_ours(
     for h in handles {
         let _ = h.await;
     }
-    let left = pending(&mut conn);
+    let left = if mode == Mode::Stream {
+        pending_stream(&mut conn)
+    } else {
+        pending(&mut conn)
+    };
     let capped = (published < n as u64).then_some(published);
     assert!(
         capped.is_some() || left == 0,
@@ -652,7 +689,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
     } else {
         &[100, 500, 1000]
     };
-    let modes = [Mode::Unordered, Mode::Sharded, Mode::Leader];
+    let modes = [Mode::Unordered, Mode::Sharded, Mode::Leader, Mode::Stream];
     // The plan: every configuration with the null publisher; in the full run also the
     // in-memory broker at the largest batch (its cost is per message, not per claim); Kafka in
     // its own table.
@@ -722,7 +759,10 @@ pub fn section(ctx: &Ctx, md: &mut String) {
          marks (publishes overlap the claims and marks, up to `max_in_flight` batches at once, so \
          the three can add up to over 100 %; the rest is waiting and coordination). In leader \
          mode one relay works and the others stand by, so its drains are compared with the \
-         one-worker ceiling whatever their number of relays.\n",
+         one-worker ceiling whatever their number of relays. Stream mode (PostgreSQL's \
+         snapshot positions, no row updated) has one batch in flight and its \
+         \"mark\" is the update of its shards' positions; the backlog is written 1,000 events \
+         a transaction in every mode (stream mode reads by transaction).\n",
         cap.as_secs()
     );
     let _ = writeln!(
@@ -829,6 +869,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             let _ = writeln!(md, "{line}");
         }
     }
+    stream_against_sharded(md, &jobs, &drains);
     if !kafka_rows.is_empty() {
         let _ = writeln!(
             md,
@@ -861,5 +902,57 @@ pub fn section(ctx: &Ctx, md: &mut String) {
         for line in kafka_rows {
             let _ = writeln!(md, "{line}");
         }
+    }
+}
+
+/// The stream drains next to the sharded ones of the same relays, batch and publisher.
+fn stream_against_sharded(md: &mut String, jobs: &[Job], drains: &[Drain]) {
+    let rate_of = |job: Job| jobs.iter().position(|j| *j == job).map(|i| &drains[i]);
+    let mut rows = Vec::new();
+    for job in jobs {
+        let Job::Ours {
+            mode: Mode::Stream,
+            relays,
+            batch,
+            sink,
+        } = *job
+        else {
+            continue;
+        };
+        let (Some(stream), Some(sharded)) = (
+            rate_of(*job),
+            rate_of(Job::Ours {
+                mode: Mode::Sharded,
+                relays,
+                batch,
+                sink,
+            }),
+        ) else {
+            continue;
+        };
+        rows.push(format!(
+            "| {relays} | {batch} | {} | {} | {} | {:.2}× | {:.1} / {:.1} |",
+            format!("{sink:?}").to_lowercase(),
+            fmt_n(stream.rate),
+            fmt_n(sharded.rate),
+            stream.rate / sharded.rate,
+            stream.pg_cpu,
+            sharded.pg_cpu,
+        ));
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n### Stream mode against sharded\n\nThe stream drains of the tables above and below \
+         next to the sharded ones of the same relays, batch and publisher (both ordered per \
+         aggregate; stream mode reads the rows committed between two snapshots and updates \
+         only its shards' positions, sharded claims and marks every row).\n\n\
+         | relays | batch | publisher | stream events/s | sharded events/s | stream / sharded | \
+         postgres CPU s: stream / sharded |\n|---|---|---|---|---|---|---|"
+    );
+    for row in rows {
+        let _ = writeln!(md, "{row}");
     }
 }
