@@ -172,11 +172,13 @@ pub fn clear_outbox(conn: &mut PgConnection) {
     exec(conn, "DELETE FROM outbox_relays");
     exec(conn, "DELETE FROM outbox_leader");
     // Stream mode's positions start over at the current snapshot: every row written after
-    // this is in their first delta.
+    // this is in their first delta (where the schema has them: the wal section's *before*
+    // does not).
     exec(
         conn,
-        "UPDATE outbox_stream_positions SET last_snapshot = pg_current_snapshot(), \
-         cur_snapshot = NULL, cur_seq = 0, version = version + 1",
+        "DO $$ BEGIN IF to_regclass('outbox_stream_positions') IS NOT NULL THEN \
+         UPDATE outbox_stream_positions SET last_snapshot = pg_current_snapshot(), \
+         cur_snapshot = NULL, cur_seq = 0, version = version + 1; END IF; END $$",
     );
 }
 

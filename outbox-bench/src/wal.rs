@@ -156,12 +156,32 @@ fn since(conn: &mut PgConnection, lsn: &str) -> (f64, String) {
     (r.d, r.at)
 }
 
+/// How the drain claims: the lease modes' claims and marks, or stream mode's reads and
+/// position updates.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Drain {
+    Unordered,
+    Sharded,
+    Stream,
+}
+
+impl Drain {
+    fn name(self) -> &'static str {
+        match self {
+            Drain::Unordered => "unordered",
+            Drain::Sharded => "sharded",
+            Drain::Stream => "stream",
+        }
+    }
+}
+
 /// Fills `n` rows and drains them with the store (claim, mark, until a claim is empty).
-fn run(ctx: &Ctx, url: &str, n: i64, ordered: bool) -> Run {
+fn run(ctx: &Ctx, url: &str, n: i64, drain: Drain) -> Run {
+    let ordered = drain != Drain::Unordered;
     let mut conn = PgConnection::establish(url).expect("connect");
     // The scale section's backlog, on a truncated table (new files: nothing left of the last
-    // run), ending in a `CHECKPOINT`: every page the drain touches first writes a full-page
-    // image, as after any checkpoint.
+    // run; stream mode's positions reset before it), ending in a `CHECKPOINT`: every page the
+    // drain touches first writes a full-page image, as after any checkpoint.
     crate::scale::fill(&mut conn, n);
     if ordered {
         exec(
@@ -174,14 +194,16 @@ fn run(ctx: &Ctx, url: &str, n: i64, ordered: bool) -> Run {
     }
     let filled = size(&mut conn);
     let w0 = wal(&mut conn);
-    let order = if ordered {
-        ClaimOrder::Ordered {
+    let order = match drain {
+        Drain::Unordered => ClaimOrder::Unordered,
+        Drain::Sharded => ClaimOrder::Ordered {
             owned_shards_only: true,
             leader_only: false,
             dead_letters_block: true,
-        }
-    } else {
-        ClaimOrder::Unordered
+        },
+        Drain::Stream => ClaimOrder::Stream {
+            dead_letters_block: true,
+        },
     };
     let claim = Claim {
         relay: RELAY,
@@ -202,7 +224,7 @@ fn run(ctx: &Ctx, url: &str, n: i64, ordered: bool) -> Run {
             let took = t.elapsed().as_secs_f64();
             secs += took;
             if took > 1.0 {
-                eprintln!("wal: {url}, {n} rows, ordered {ordered}: a claim took {took:.1} s");
+                eprintln!("wal: {url}, {n} rows, {drain:?}: a claim took {took:.1} s");
             }
             let (d, at) = since(&mut conn, &lsn);
             (claim_bytes, lsn) = (claim_bytes + d, at);
@@ -224,13 +246,17 @@ fn run(ctx: &Ctx, url: &str, n: i64, ordered: bool) -> Run {
     // The store's connection is closed: its WAL counters are reported.
     let drained = size(&mut conn);
     let w1 = wal(&mut conn);
-    let left = f(
-        &mut conn,
-        "SELECT COUNT(*)::float8 AS f FROM outbox_events WHERE published_at IS NULL",
-    );
+    let left = if drain == Drain::Stream {
+        crate::drain::pending_stream(&mut conn) as f64
+    } else {
+        f(
+            &mut conn,
+            "SELECT COUNT(*)::float8 AS f FROM outbox_events WHERE published_at IS NULL",
+        )
+    };
     assert_eq!(left, 0.0, "the drain left pending rows");
     eprintln!(
-        "wal: {url}, {n} rows, ordered {ordered}: {events} events in {secs:.1} s of claims and marks"
+        "wal: {url}, {n} rows, {drain:?}: {events} events in {secs:.1} s of claims and marks"
     );
     Run {
         events,
@@ -299,7 +325,9 @@ pub fn section(ctx: &Ctx, md: &mut String) {
          mark (`pg_current_wal_insert_lsn`). Heap: `pg_relation_size`, indexes: \
          `pg_indexes_size`; dead tuples and the HOT share of updates from \
          `pg_stat_user_tables`. events/s: events over the time spent in the store's claims and \
-         marks. {small} rows: median of {reps} interleaved runs{}.\n",
+         marks. *stream*: the same rows drained by stream mode on *after* (its claims read the \
+         rows committed between two snapshots and update no event row; its \"mark\" is the \
+         update of the shards' positions). {small} rows: median of {reps} interleaved runs{}.\n",
         match large {
             Some(large) => format!("; {large} rows: one run"),
             None => " (the quick run; the full run adds 1,000,000 rows: the scale section has \
@@ -312,20 +340,25 @@ pub fn section(ctx: &Ctx, md: &mut String) {
         "| rows | mode | schema | WAL records / event | full-page images / event | WAL bytes / event | claim / mark bytes / event | heap MiB filled → drained | indexes MiB filled → drained | dead tuples after | HOT updates | events/s | vs {small} rows |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
-    let mut rates: Vec<((bool, usize), f64)> = Vec::new();
+    let mut rates: Vec<((Drain, usize), f64)> = Vec::new();
     for (n, reps) in std::iter::once((small, reps)).chain(large.map(|l| (l, 1))) {
-        for ordered in [false, true] {
-            let mut runs: Vec<Vec<Run>> = vec![Vec::new(), Vec::new()];
+        for drain in [Drain::Unordered, Drain::Sharded, Drain::Stream] {
+            // Stream mode needs its migration, which only *after* has.
+            let schemas: Vec<usize> = (0..urls.len())
+                .filter(|&i| drain != Drain::Stream || urls[i].0 == Schema::After)
+                .collect();
+            let mut runs: Vec<Vec<Run>> = urls.iter().map(|_| Vec::new()).collect();
             for _ in 0..reps {
-                for (i, (_, url)) in urls.iter().enumerate() {
-                    runs[i].push(run(ctx, url, n, ordered));
+                for &i in &schemas {
+                    runs[i].push(run(ctx, &urls[i].1, n, drain));
                 }
             }
-            for (i, (schema, _)) in urls.iter().enumerate() {
+            for &i in &schemas {
+                let schema = urls[i].0;
                 let rs = &runs[i];
                 let med = |g: &dyn Fn(&Run) -> f64| median(rs.iter().map(g).collect());
                 let rate = med(&|r| r.events / r.secs);
-                let key = (ordered, i);
+                let key = (drain, i);
                 let vs = if n == small {
                     rates.push((key, rate));
                     "1.00".to_owned()
@@ -341,7 +374,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
                     md,
                     "| {} | {} | {} | {:.2} | {:.2} | {} | {} / {} | {} → {} ({:.2}×) | {} → {} | {} | {:.0} % | {} | {vs} |",
                     fmt_n(n as f64),
-                    if ordered { "sharded" } else { "unordered" },
+                    drain.name(),
                     schema.name(),
                     per(&|r| r.records),
                     per(&|r| r.fpi),
