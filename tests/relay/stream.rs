@@ -81,8 +81,13 @@ type Stop = tokio::sync::oneshot::Sender<()>;
 type Started = (Stop, tokio::task::JoinHandle<()>, Arc<RelayStats>);
 
 fn start(db: &TestDatabase, broker: &Arc<MemoryBroker>) -> Started {
+    start_with(db, broker, stream_config())
+}
+
+/// A stream relay with `config` over `db`, publishing to `broker`.
+fn start_with(db: &TestDatabase, broker: &Arc<MemoryBroker>, config: RelayConfig) -> Started {
     let store = PgRelayStore::new(&db.url);
-    let relay = Relay::new(store, broker.clone(), stream_config()).unwrap();
+    let relay = Relay::new(store, broker.clone(), config).unwrap();
     let stats = relay.stats();
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
     let handle = tokio::spawn(relay.run(async move {
@@ -493,11 +498,7 @@ async fn stream_failure_holds_the_position_and_outage_counts_no_attempt() {
         },
         ..stream_config()
     };
-    let relay = Relay::new(PgRelayStore::new(&db.url), broker.clone(), config).unwrap();
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let handle = tokio::spawn(relay.run(async move {
-        let _ = rx.await;
-    }));
+    let (stop, handle, _) = start_with(&db, &broker, config);
     let started = Instant::now();
     while delivered(&broker).iter().collect::<HashSet<_>>().len() < 40
         && started.elapsed() < Duration::from_secs(15)
@@ -599,11 +600,7 @@ async fn stream_dead_letter_parks_its_aggregate_until_retried_or_purged() {
         },
         ..stream_config()
     };
-    let relay = Relay::new(PgRelayStore::new(&db.url), broker.clone(), config).unwrap();
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let handle = tokio::spawn(relay.run(async move {
-        let _ = rx.await;
-    }));
+    let (stop, handle, _) = start_with(&db, &broker, config);
     let x = |records: &[(String, i64)]| -> Vec<i64> {
         records
             .iter()
@@ -720,11 +717,7 @@ async fn stream_dead_letter_skipped_lets_its_aggregate_pass() {
         dead_letters: DeadLetterPolicy::Skip,
         ..stream_config()
     };
-    let relay = Relay::new(PgRelayStore::new(&db.url), broker.clone(), config).unwrap();
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let handle = tokio::spawn(relay.run(async move {
-        let _ = rx.await;
-    }));
+    let (stop, handle, _) = start_with(&db, &broker, config);
     assert!(wait_for(10, || delivered(&broker).len() >= 4).await);
     assert!(wait_for(10, || !stream_dead_letters(&db).is_empty()).await);
     let ns: Vec<i64> = delivered(&broker).iter().map(|(_, n)| *n).collect();
