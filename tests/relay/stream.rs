@@ -761,3 +761,103 @@ async fn stream_delta_larger_than_a_batch_loses_nothing() {
     assert_eq!(unique.len(), 3000);
     assert!(out_of_order(&records).is_empty());
 }
+
+/// The stream claim's statements stay on the `(shard, xid)` stream index on a table that
+/// fills under them (statistics of an empty table, then of 20,000 rows with 100,000 in it,
+/// then analysed), under the relay's session settings: never a walk of the `seq`-ordered
+/// pending index filtered by shard, which reads every held shard's whole backlog on each
+/// claim (3.5 s a claim in the stream SIGKILL storm before the fix).
+#[test]
+fn stream_claim_keeps_the_stream_index_while_the_table_fills() {
+    use diesel::connection::SimpleConnection;
+    let db = Postgres::database("stream_plan");
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    exec(
+        &mut conn,
+        "ALTER TABLE outbox_events SET (autovacuum_enabled = false)",
+    );
+    conn.batch_execute(outbox::relay::__sql::PG_SESSION_SQL)
+        .unwrap();
+    let candidates = outbox::relay::__sql::PG_STREAM_CANDIDATES;
+    exec(
+        &mut conn,
+        &format!("PREPARE cand(smallint[], text[], text[], int8[], bigint, bool) AS {candidates}"),
+    );
+    exec(
+        &mut conn,
+        "UPDATE outbox_shard_leases SET owner = 'r', lease_until = now() + interval '1 hour'",
+    );
+    let fill = |from: i32, to: i32| {
+        format!(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, \
+               event_version, payload, shard) \
+             SELECT 'order', (g % 1000)::text, 'E', 1, '{{}}', g % 256 \
+             FROM generate_series({from}, {to}) g"
+        )
+    };
+    #[derive(diesel::QueryableByName)]
+    struct Plan {
+        #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
+        line: String,
+    }
+    for phase in [
+        "empty",
+        "20,000 analysed",
+        "100,000 stale",
+        "100,000 analysed",
+    ] {
+        match phase {
+            "empty" => {}
+            "20,000 analysed" => {
+                exec(&mut conn, &fill(1, 20_000));
+                exec(&mut conn, "ANALYZE outbox_events");
+            }
+            "100,000 stale" => exec(&mut conn, &fill(20_001, 100_000)),
+            _ => exec(&mut conn, "ANALYZE outbox_events"),
+        }
+        // Every shard from the positions of the migration (before every row) to now, its
+        // cursor half-way through the backlog: the storm's case.
+        #[derive(diesel::QueryableByName)]
+        struct Arrays {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            shards: String,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            lasts: String,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            curs: String,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            cursors: String,
+        }
+        let a: Arrays = diesel::sql_query(
+            "SELECT array_agg(shard ORDER BY shard)::text AS shards, \
+               array_agg(last_snapshot::text ORDER BY shard)::text AS lasts, \
+               array_agg(pg_current_snapshot()::text)::text AS curs, \
+               array_agg(50000::int8)::text AS cursors FROM outbox_stream_positions",
+        )
+        .get_result(&mut conn)
+        .unwrap();
+        for batch in [100, 1000] {
+            let plan = diesel::sql_query(format!(
+                "EXPLAIN EXECUTE cand('{}', '{}', '{}', '{}', {batch}, true)",
+                a.shards, a.lasts, a.curs, a.cursors
+            ))
+            .load::<Plan>(&mut conn)
+            .unwrap()
+            .into_iter()
+            .map(|p| p.line)
+            .collect::<Vec<_>>()
+            .join("\n");
+            let at = format!("batch {batch}, {phase}: {plan}");
+            assert!(
+                plan.contains("using outbox_events_stream on outbox_events"),
+                "{at}"
+            );
+            assert!(!plan.contains("using outbox_events_pending"), "{at}");
+            if phase != "empty" {
+                // (An empty table's payloads are joined by a scan of it: nothing to read.)
+                assert!(!plan.contains("Seq Scan on outbox_events "), "{at}");
+            }
+            assert!(!plan.contains("JIT:"), "{at}");
+        }
+    }
+}

@@ -43,4 +43,6 @@ pub mod __sql {
         CLAIM_ORDERED as PG_CLAIM_ORDERED, CLAIM_UNORDERED as PG_CLAIM_UNORDERED,
         SESSION_SQL as PG_SESSION_SQL,
     };
+    #[cfg(feature = "postgres_backend")]
+    pub use super::pg::stream::CANDIDATES as PG_STREAM_CANDIDATES;
 }

@@ -35,6 +35,23 @@ pub fn read_published(brokers: &str, prefix: &str, rows: &[OutboxRow]) -> Vec<Re
     )
 }
 
+/// Reads the outbox topic until every row that is not a dead letter arrived (stream mode,
+/// whose rows keep `published_at` NULL: once its positions have passed every row, every one
+/// must be on the broker), or 120 s passed.
+pub fn read_all(brokers: &str, prefix: &str, rows: &[OutboxRow]) -> Vec<Record> {
+    let want: HashSet<String> = rows
+        .iter()
+        .filter(|r| !r.dead)
+        .map(|r| r.id.clone())
+        .collect();
+    read(
+        brokers,
+        &format!("{prefix}order-lifecycle"),
+        &want,
+        Duration::from_secs(120),
+    )
+}
+
 /// Reads `topic` from the beginning of every partition until every id in `want` arrived or
 /// `deadline` passed, then half a second more (what comes then is a duplicate worth seeing).
 pub fn read(brokers: &str, topic: &str, want: &HashSet<String>, deadline: Duration) -> Vec<Record> {

@@ -4,7 +4,7 @@
 pub(super) mod sessions;
 pub(super) mod sql;
 mod store;
-mod stream;
+pub(super) mod stream;
 
 use std::time::Duration;
 

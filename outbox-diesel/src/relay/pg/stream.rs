@@ -75,7 +75,7 @@ const IDLE_ADVANCE: Duration = Duration::from_secs(1);
 /// shard (more when one transaction wrote more), which keeps a claim's scan about a batch
 /// long however large the backlog (see [`CANDIDATES`]). X is above the last snapshot's
 /// xmin, so positions always move on.
-pub(crate) const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
+pub const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
          SELECT p.shard, p.last_snapshot, p.cur_snapshot, p.cur_seq, p.version \
          FROM outbox_stream_positions p JOIN outbox_shard_leases l ON l.shard = p.shard \
          WHERE l.owner = $1 AND l.lease_until > now()), \
@@ -111,7 +111,22 @@ pub(crate) const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
 /// `EXISTS` is evaluated once).
 ///
 /// The xid range `[xmin(last), xmax(cur))` is the scan of `outbox_events_stream
-/// (shard, xid)`; the visibility functions are filters on it.
+/// (shard, xid)`; the visibility functions are filters on it. The scan sits behind an
+/// `OFFSET 0` fence, the `ORDER BY seq LIMIT` outside it: with the order and the limit on the
+/// scan itself, PostgreSQL planned it, on a table whose statistics lagged behind its size, as a
+/// walk of the `seq`-ordered pending index filtered by shard, from the cursor on: every claim
+/// read each held shard's whole backlog again (stream SIGKILL storm, full form, 40 s in:
+/// 3.5 s a claim, 43,124 rows filtered out per shard, 1.48 million buffers; claims then ran
+/// into the statement timeout and the relays published nothing more). For the same reason the
+/// cursor's condition is `seq + 0 > cursor`, which no index serves: else the `(shard, seq)`
+/// pending index was chosen (found on an empty table's statistics), reading every row of the
+/// shard past the cursor, which stream mode never marks: the shard's whole history once a
+/// delta starts (cursor 0). And the fenced scan is ordered by `xid`, the stream index's own
+/// order (no sort): with both shard indexes estimated alike (an empty table's statistics) that
+/// is what makes PostgreSQL take the stream index, whose xid range bounds the scan. The
+/// batch's rows are then read by their primary key, one lookup each, behind a fence too: on
+/// 20,000 analysed rows the plain join was planned as a hash join over a scan of the whole
+/// table, which stream mode never shrinks (the candidates estimated at one a shard).
 ///
 /// Measured (`EXPLAIN (ANALYZE, BUFFERS)`, PostgreSQL 15.20 on the shared test server, 100,000
 /// events, 1,000 aggregates over all 256 shards, one relay holding every shard, batch 1,000).
@@ -136,19 +151,21 @@ pub(crate) const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
 /// `EXPLAIN (ANALYZE, BUFFERS) EXECUTE` with the positions' arrays from `\gset`) on a
 /// fresh database with every migration, 100,000 `INSERT ... SELECT generate_series` rows
 /// and one relay's lease on all 256 shards.
-pub(crate) const CANDIDATES: &str = "WITH cand AS ( \
+pub const CANDIDATES: &str = "WITH cand AS ( \
      SELECT c.seq, c.shard, count(*) OVER (PARTITION BY c.shard) AS shard_rows \
      FROM unnest($1::smallint[], $2::text[], $3::text[], $4::int8[]) AS p(shard, last_snap, cur_snap, cur_seq) \
      CROSS JOIN LATERAL ( \
-         SELECT o.seq, o.shard FROM outbox_events o \
-         WHERE o.shard = p.shard \
-           AND o.xid >= pg_snapshot_xmin(p.last_snap::pg_snapshot) \
-           AND o.xid < pg_snapshot_xmax(p.cur_snap::pg_snapshot) \
-           AND pg_visible_in_snapshot(o.xid, p.cur_snap::pg_snapshot) \
-           AND NOT pg_visible_in_snapshot(o.xid, p.last_snap::pg_snapshot) \
-           AND o.seq > p.cur_seq \
-           AND o.published_at IS NULL AND o.dead_at IS NULL \
-         ORDER BY o.seq LIMIT $5 + 1) c \
+         SELECT d.seq, d.shard FROM ( \
+             SELECT o.seq, o.shard FROM outbox_events o \
+             WHERE o.shard = p.shard \
+               AND o.xid >= pg_snapshot_xmin(p.last_snap::pg_snapshot) \
+               AND o.xid < pg_snapshot_xmax(p.cur_snap::pg_snapshot) \
+               AND pg_visible_in_snapshot(o.xid, p.cur_snap::pg_snapshot) \
+               AND NOT pg_visible_in_snapshot(o.xid, p.last_snap::pg_snapshot) \
+               AND o.seq + 0 > p.cur_seq \
+               AND o.published_at IS NULL AND o.dead_at IS NULL \
+             ORDER BY o.xid OFFSET 0) d \
+         ORDER BY d.seq LIMIT $5 + 1) c \
      ORDER BY c.seq LIMIT $5) \
      SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version, \
          o.payload::text AS payload, o.headers::text AS headers, o.topic, o.shard, \
@@ -157,7 +174,9 @@ pub(crate) const CANDIDATES: &str = "WITH cand AS ( \
              (SELECT min(d.seq) FROM outbox_stream_dead_letters d \
               WHERE d.aggregate_type = o.aggregate_type AND d.aggregate_id = o.aggregate_id) \
          END AS parked_behind \
-     FROM cand JOIN outbox_events o ON o.seq = cand.seq ORDER BY o.seq";
+     FROM cand CROSS JOIN LATERAL ( \
+         SELECT * FROM outbox_events e WHERE e.seq = cand.seq OFFSET 0) o \
+     ORDER BY o.seq";
 
 /// Moves positions on, once per batch: only where `$1` still holds the shard's lease and the
 /// position is still the version the claim read; in the same statement, copies the dead
