@@ -69,6 +69,22 @@ async fn notify_wakes_the_relay() {
     }
 }
 
+/// The lines of the plan `EXPLAIN …` statement `sql` prints, joined.
+pub(crate) fn plan_of(conn: &mut diesel::PgConnection, sql: &str) -> String {
+    #[derive(diesel::QueryableByName)]
+    struct Plan {
+        #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
+        line: String,
+    }
+    diesel::sql_query(sql)
+        .load::<Plan>(conn)
+        .unwrap()
+        .into_iter()
+        .map(|p| p.line)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The claims' plans stay on the partial indexes, at batch 100 and 1,000, on 20,000 and
 /// 100,000 pending rows over 1,000 aggregates, analysed or with statistics that lag behind the
 /// table's size, with two relays sharing the shards and the statements prepared while the
@@ -105,11 +121,6 @@ fn claims_keep_their_indexes_while_the_table_fills() {
         diesel::sql_query("EXECUTE unordered('r', 30, 1000)")
             .execute(&mut conn)
             .unwrap();
-    }
-    #[derive(diesel::QueryableByName)]
-    struct Plan {
-        #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
-        line: String,
     }
     let run = |conn: &mut diesel::PgConnection, sql: &str| {
         diesel::sql_query(sql).execute(conn).unwrap();
@@ -169,13 +180,7 @@ fn claims_keep_their_indexes_while_the_table_fills() {
                     format!("EXPLAIN EXECUTE unordered('r', 30, {batch})"),
                 ),
             ] {
-                let plan = diesel::sql_query(&sql)
-                    .load::<Plan>(&mut conn)
-                    .unwrap()
-                    .into_iter()
-                    .map(|p| p.line)
-                    .collect::<Vec<_>>()
-                    .join("\n");
+                let plan = plan_of(&mut conn, &sql);
                 let at = format!("{mode}, batch {batch}, {phase}: {plan}");
                 assert!(
                     plan.contains("Index Scan using outbox_events_pending on outbox_events"),

@@ -795,11 +795,6 @@ fn stream_claim_keeps_the_stream_index_while_the_table_fills() {
              FROM generate_series({from}, {to}) g"
         )
     };
-    #[derive(diesel::QueryableByName)]
-    struct Plan {
-        #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
-        line: String,
-    }
     for phase in [
         "empty",
         "20,000 analysed",
@@ -837,16 +832,13 @@ fn stream_claim_keeps_the_stream_index_while_the_table_fills() {
         .get_result(&mut conn)
         .unwrap();
         for batch in [100, 1000] {
-            let plan = diesel::sql_query(format!(
-                "EXPLAIN EXECUTE cand('{}', '{}', '{}', '{}', {batch}, true)",
-                a.shards, a.lasts, a.curs, a.cursors
-            ))
-            .load::<Plan>(&mut conn)
-            .unwrap()
-            .into_iter()
-            .map(|p| p.line)
-            .collect::<Vec<_>>()
-            .join("\n");
+            let plan = crate::postgres::plan_of(
+                &mut conn,
+                &format!(
+                    "EXPLAIN EXECUTE cand('{}', '{}', '{}', '{}', {batch}, true)",
+                    a.shards, a.lasts, a.curs, a.cursors
+                ),
+            );
             let at = format!("batch {batch}, {phase}: {plan}");
             assert!(
                 plan.contains("using outbox_events_stream on outbox_events"),

@@ -22,26 +22,26 @@ pub struct Record {
 /// Reads back what the relays published of `rows` to `{prefix}order-lifecycle`: until every
 /// published row arrived or 120 s passed, then half a second more.
 pub fn read_published(brokers: &str, prefix: &str, rows: &[OutboxRow]) -> Vec<Record> {
-    let want: HashSet<String> = rows
-        .iter()
-        .filter(|r| r.published)
-        .map(|r| r.id.clone())
-        .collect();
-    read(
-        brokers,
-        &format!("{prefix}order-lifecycle"),
-        &want,
-        Duration::from_secs(120),
-    )
+    read_rows(brokers, prefix, rows, |r| r.published)
 }
 
 /// Reads the outbox topic until every row that is not a dead letter arrived (stream mode,
 /// whose rows keep `published_at` NULL: once its positions have passed every row, every one
 /// must be on the broker), or 120 s passed.
 pub fn read_all(brokers: &str, prefix: &str, rows: &[OutboxRow]) -> Vec<Record> {
+    read_rows(brokers, prefix, rows, |r| !r.dead)
+}
+
+/// Reads the outbox topic until every row `expected` picks arrived, or 120 s passed.
+fn read_rows(
+    brokers: &str,
+    prefix: &str,
+    rows: &[OutboxRow],
+    expected: impl Fn(&OutboxRow) -> bool,
+) -> Vec<Record> {
     let want: HashSet<String> = rows
         .iter()
-        .filter(|r| !r.dead)
+        .filter(|r| expected(r))
         .map(|r| r.id.clone())
         .collect();
     read(
