@@ -508,3 +508,48 @@ pub(crate) struct HolderRow {
     #[allow(dead_code)] // PostgreSQL and SQLite only test that a row came back
     pub holder: String,
 }
+
+/// A relay statement that Diesel keeps prepared on its connection, keyed by its SQL text and
+/// bind types: `Prepared(diesel::sql_query(SQL).bind(…)…)`.
+///
+/// Diesel never caches a `diesel::sql_query` (`SqlQuery::walk_ast` calls
+/// `unsafe_to_cache_prepared`, since its text could be built from values). With
+/// diesel-async's tokio-postgres connection an uncached statement costs a round trip of its
+/// own before it runs: it is prepared (`Parse`, `Describe`, parsed and analysed by the
+/// server), executed, then closed. The relay's statements are constants whose values all
+/// travel as binds, so they are safe to cache; cached, each runs as one `Bind`/`Execute`.
+/// PostgreSQL still plans every execution with its parameters: the relay's sessions set
+/// `plan_cache_mode = force_custom_plan` (see `SESSION_SQL`), which is what keeps a claim
+/// prepared while the table was empty from keeping that plan.
+#[cfg(feature = "postgres_backend")]
+pub(crate) struct Prepared<Q>(pub Q);
+
+#[cfg(feature = "postgres_backend")]
+impl<Q, DB> diesel::query_builder::QueryFragment<DB> for Prepared<Q>
+where
+    DB: diesel::backend::Backend,
+    Q: diesel::query_builder::QueryFragment<DB>,
+{
+    fn walk_ast<'b>(
+        &'b self,
+        pass: diesel::query_builder::AstPass<'_, 'b, DB>,
+    ) -> diesel::QueryResult<()> {
+        self.0.walk_ast(pass)
+    }
+
+    fn is_safe_to_cache_prepared(&self, _backend: &DB) -> diesel::QueryResult<bool> {
+        Ok(true)
+    }
+}
+
+#[cfg(feature = "postgres_backend")]
+impl<Q> diesel::query_builder::QueryId for Prepared<Q> {
+    type QueryId = ();
+    // Keyed by its SQL text and bind types, not by its Rust type.
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+#[cfg(feature = "postgres_backend")]
+impl<Q: diesel::query_builder::Query> diesel::query_builder::Query for Prepared<Q> {
+    type SqlType = Q::SqlType;
+}

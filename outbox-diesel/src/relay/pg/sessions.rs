@@ -54,7 +54,7 @@ use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_core::relay::{RelayHealth, RelayIdInUse};
 
-use crate::relay::common::{mode_name, secs};
+use crate::relay::common::{Prepared, mode_name, secs};
 
 /// Upserts the relay's row: liveness, mode, state (and since when it holds), last outage
 /// error and, when `$6`, the session identity (else NULL: lease rule only). With `$6` an
@@ -155,23 +155,24 @@ pub(super) async fn heartbeat(
     health: &RelayHealth,
     previous: Option<&Session>,
 ) -> diesel::QueryResult<Beat> {
-    let recorded = diesel::sql_query(HEARTBEAT)
-        .bind::<Text, _>(relay)
-        .bind::<Double, _>(secs(lease))
-        .bind::<Text, _>(mode_name(health.mode))
-        .bind::<Text, _>(health.state.as_str())
-        .bind::<Nullable<Text>, _>(health.last_error.as_deref())
-        .bind::<Bool, _>(health.track_session)
-        .bind::<Nullable<Integer>, _>(previous.and_then(|s| s.session_pid))
-        .bind::<Nullable<Timestamptz>, _>(previous.and_then(|s| s.session_start))
-        .get_result::<Session>(conn)
-        .await
-        .optional()?;
+    let recorded = Prepared(
+        diesel::sql_query(HEARTBEAT)
+            .bind::<Text, _>(relay)
+            .bind::<Double, _>(secs(lease))
+            .bind::<Text, _>(mode_name(health.mode))
+            .bind::<Text, _>(health.state.as_str())
+            .bind::<Nullable<Text>, _>(health.last_error.as_deref())
+            .bind::<Bool, _>(health.track_session)
+            .bind::<Nullable<Integer>, _>(previous.and_then(|s| s.session_pid))
+            .bind::<Nullable<Timestamptz>, _>(previous.and_then(|s| s.session_start)),
+    )
+    .get_result::<Session>(conn)
+    .await
+    .optional()?;
     if let Some(session) = recorded {
         return Ok(Beat::Ours(session));
     }
-    let holder = diesel::sql_query(HOLDER)
-        .bind::<Text, _>(relay)
+    let holder = Prepared(diesel::sql_query(HOLDER).bind::<Text, _>(relay))
         .get_result::<Holder>(conn)
         .await
         .optional()?;
@@ -194,8 +195,7 @@ pub(super) async fn reap(
     conn: &mut AsyncPgConnection,
     relay: &str,
 ) -> diesel::QueryResult<Vec<String>> {
-    let rows = diesel::sql_query(REAP)
-        .bind::<Text, _>(relay)
+    let rows = Prepared(diesel::sql_query(REAP).bind::<Text, _>(relay))
         .load::<Reaped>(conn)
         .await?;
     Ok(rows.into_iter().map(|r| r.relay_id).collect())

@@ -14,8 +14,8 @@ use super::stream::Outcome;
 use super::{PgRelayStore, Row, cleanup_query};
 use crate::relay::base::server_methods;
 use crate::relay::common::{
-    CountRow, HolderRow, ShardRow, Share, assignment, run_each, secs, settle_malformed, share,
-    split_malformed,
+    CountRow, HolderRow, Prepared, ShardRow, Share, assignment, run_each, secs, settle_malformed,
+    share, split_malformed,
 };
 
 impl RelayStore for PgRelayStore {
@@ -29,12 +29,14 @@ impl RelayStore for PgRelayStore {
         let conn = self.base.guarded("claim", claim.lease).await?;
         let r = match claim.order {
             ClaimOrder::Unordered => {
-                diesel::sql_query(format!("{CLAIM_UNORDERED}{RETURNING}"))
-                    .bind::<Text, _>(claim.relay)
-                    .bind::<Double, _>(secs(claim.lease))
-                    .bind::<BigInt, _>(limit)
-                    .load::<Row>(conn)
-                    .await
+                Prepared(
+                    diesel::sql_query(format!("{CLAIM_UNORDERED}{RETURNING}"))
+                        .bind::<Text, _>(claim.relay)
+                        .bind::<Double, _>(secs(claim.lease))
+                        .bind::<BigInt, _>(limit),
+                )
+                .load::<Row>(conn)
+                .await
             }
             ClaimOrder::Ordered {
                 owned_shards_only,
@@ -82,11 +84,13 @@ impl RelayStore for PgRelayStore {
             Completion::Delete => COMPLETE_DELETE,
         };
         let conn = self.base.conn().await?;
-        let r = diesel::sql_query(sql)
-            .bind::<Text, _>(relay)
-            .bind::<Array<BigInt>, _>(seqs)
-            .execute(conn)
-            .await;
+        let r = Prepared(
+            diesel::sql_query(sql)
+                .bind::<Text, _>(relay)
+                .bind::<Array<BigInt>, _>(seqs),
+        )
+        .execute(conn)
+        .await;
         self.base.check("mark published", r).map(|n| n as u64)
     }
 
@@ -109,14 +113,16 @@ impl RelayStore for PgRelayStore {
         let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
         let dead: Vec<bool> = failures.iter().map(|f| f.retry_after.is_none()).collect();
         let conn = self.base.conn().await?;
-        let r = diesel::sql_query(FAIL)
-            .bind::<Text, _>(relay)
-            .bind::<Array<BigInt>, _>(&seqs)
-            .bind::<Array<Double>, _>(&delays)
-            .bind::<Array<Text>, _>(&errors)
-            .bind::<Array<Bool>, _>(&dead)
-            .execute(conn)
-            .await;
+        let r = Prepared(
+            diesel::sql_query(FAIL)
+                .bind::<Text, _>(relay)
+                .bind::<Array<BigInt>, _>(&seqs)
+                .bind::<Array<Double>, _>(&delays)
+                .bind::<Array<Text>, _>(&errors)
+                .bind::<Array<Bool>, _>(&dead),
+        )
+        .execute(conn)
+        .await;
         self.base.check("record failures", r).map(|n| n as u64)
     }
 
@@ -126,11 +132,13 @@ impl RelayStore for PgRelayStore {
             return self.settle_stream(relay, back).await;
         }
         let conn = self.base.conn().await?;
-        let r = diesel::sql_query(RELEASE)
-            .bind::<Text, _>(relay)
-            .bind::<Array<BigInt>, _>(seqs)
-            .execute(conn)
-            .await;
+        let r = Prepared(
+            diesel::sql_query(RELEASE)
+                .bind::<Text, _>(relay)
+                .bind::<Array<BigInt>, _>(seqs),
+        )
+        .execute(conn)
+        .await;
         self.base.check("release", r).map(|n| n as u64)
     }
 
@@ -140,11 +148,13 @@ impl RelayStore for PgRelayStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let conn = self.base.guarded("acquire leadership", lease).await?;
-        let r = diesel::sql_query(LEAD)
-            .bind::<Text, _>(relay)
-            .bind::<Double, _>(secs(lease))
-            .load::<HolderRow>(conn)
-            .await;
+        let r = Prepared(
+            diesel::sql_query(LEAD)
+                .bind::<Text, _>(relay)
+                .bind::<Double, _>(secs(lease)),
+        )
+        .load::<HolderRow>(conn)
+        .await;
         self.base
             .check("acquire leadership", r)
             .map(|rows| !rows.is_empty())
@@ -157,40 +167,50 @@ impl RelayStore for PgRelayStore {
     ) -> Result<ShardAssignment, StoreError> {
         let conn = self.base.guarded("rebalance shards", lease).await?;
         let r = async {
-            diesel::sql_query(HEARTBEAT)
-                .bind::<Text, _>(relay)
-                .bind::<Double, _>(secs(lease))
+            Prepared(
+                diesel::sql_query(HEARTBEAT)
+                    .bind::<Text, _>(relay)
+                    .bind::<Double, _>(secs(lease)),
+            )
+            .execute(conn)
+            .await?;
+            Prepared(diesel::sql_query(FORGET_DEAD_RELAYS))
                 .execute(conn)
                 .await?;
-            diesel::sql_query(FORGET_DEAD_RELAYS).execute(conn).await?;
-            let live = diesel::sql_query(LIVE_RELAYS)
+            let live = Prepared(diesel::sql_query(LIVE_RELAYS))
                 .get_result::<CountRow>(conn)
                 .await?
                 .n;
-            let mut owned: Vec<i16> = diesel::sql_query(RENEW_SHARDS)
-                .bind::<Text, _>(relay)
-                .bind::<Double, _>(secs(lease))
-                .load::<ShardRow>(conn)
-                .await?
-                .into_iter()
-                .map(|r| r.shard)
-                .collect();
+            let mut owned: Vec<i16> = Prepared(
+                diesel::sql_query(RENEW_SHARDS)
+                    .bind::<Text, _>(relay)
+                    .bind::<Double, _>(secs(lease)),
+            )
+            .load::<ShardRow>(conn)
+            .await?
+            .into_iter()
+            .map(|r| r.shard)
+            .collect();
             owned.sort_unstable();
             match share(&mut owned, live) {
                 Share::GiveUp(surplus) => {
-                    diesel::sql_query(GIVE_UP_SHARDS)
-                        .bind::<Text, _>(relay)
-                        .bind::<Array<SmallInt>, _>(&surplus)
-                        .execute(conn)
-                        .await?;
+                    Prepared(
+                        diesel::sql_query(GIVE_UP_SHARDS)
+                            .bind::<Text, _>(relay)
+                            .bind::<Array<SmallInt>, _>(&surplus),
+                    )
+                    .execute(conn)
+                    .await?;
                 }
                 Share::Take(want) => {
-                    let taken = diesel::sql_query(TAKE_SHARDS)
-                        .bind::<Text, _>(relay)
-                        .bind::<Double, _>(secs(lease))
-                        .bind::<BigInt, _>(want)
-                        .load::<ShardRow>(conn)
-                        .await?;
+                    let taken = Prepared(
+                        diesel::sql_query(TAKE_SHARDS)
+                            .bind::<Text, _>(relay)
+                            .bind::<Double, _>(secs(lease))
+                            .bind::<BigInt, _>(want),
+                    )
+                    .load::<ShardRow>(conn)
+                    .await?;
                     owned.extend(taken.into_iter().map(|r| r.shard));
                     owned.sort_unstable();
                 }

@@ -54,7 +54,7 @@ use diesel_async::RunQueryDsl;
 use outbox_core::relay::{OutboxMessage, StoreError};
 
 use super::PgRelayStore;
-use crate::relay::common::{ClaimedColumns, CountRow};
+use crate::relay::common::{ClaimedColumns, CountRow, Prepared};
 
 /// How often a relay looks for aggregates to release (dead letters retried or purged by the
 /// operator): at most this often while none are found, at every claim while some are.
@@ -484,11 +484,13 @@ impl PgRelayStore {
         let now = Instant::now();
         self.stream.holds.retain(|_, until| *until > now);
         let conn = self.base.guarded("claim", lease).await?;
-        let r = diesel::sql_query(POSITIONS)
-            .bind::<Text, _>(relay)
-            .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
-            .load::<PositionRow>(conn)
-            .await;
+        let r = Prepared(
+            diesel::sql_query(POSITIONS)
+                .bind::<Text, _>(relay)
+                .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX)),
+        )
+        .load::<PositionRow>(conn)
+        .await;
         let mut positions = self.base.check("claim", r)?;
         positions.retain(|p| !self.stream.holds.contains_key(&p.shard));
         if positions.is_empty() {
@@ -501,15 +503,17 @@ impl PgRelayStore {
         let cursors: Vec<i64> = positions.iter().map(|p| p.cur_seq).collect();
         let batch = i64::try_from(limit).unwrap_or(i64::MAX - 1);
         let conn = self.base.conn().await?;
-        let r = diesel::sql_query(CANDIDATES)
-            .bind::<Array<SmallInt>, _>(&shards)
-            .bind::<Array<Text>, _>(&lasts)
-            .bind::<Array<Text>, _>(&curs)
-            .bind::<Array<BigInt>, _>(&cursors)
-            .bind::<BigInt, _>(batch)
-            .bind::<Bool, _>(dead_letters_block)
-            .load::<CandidateRow>(conn)
-            .await;
+        let r = Prepared(
+            diesel::sql_query(CANDIDATES)
+                .bind::<Array<SmallInt>, _>(&shards)
+                .bind::<Array<Text>, _>(&lasts)
+                .bind::<Array<Text>, _>(&curs)
+                .bind::<Array<BigInt>, _>(&cursors)
+                .bind::<BigInt, _>(batch)
+                .bind::<Bool, _>(dead_letters_block),
+        )
+        .load::<CandidateRow>(conn)
+        .await;
         let candidates = self.base.check("claim", r)?;
         let full = candidates.len() >= limit;
 
@@ -581,12 +585,14 @@ impl PgRelayStore {
         self.stream.holds.retain(|_, until| *until > now);
         let held: Vec<i16> = self.stream.holds.keys().copied().collect();
         let conn = self.base.guarded("claim", lease).await?;
-        let r = diesel::sql_query(RELEASABLE)
-            .bind::<Text, _>(relay)
-            .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
-            .bind::<Array<SmallInt>, _>(&held)
-            .load::<CandidateRow>(conn)
-            .await;
+        let r = Prepared(
+            diesel::sql_query(RELEASABLE)
+                .bind::<Text, _>(relay)
+                .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+                .bind::<Array<SmallInt>, _>(&held),
+        )
+        .load::<CandidateRow>(conn)
+        .await;
         let candidates = self.base.check("claim dead letters to release", r)?;
         let mut rows = Vec::new();
         let mut messages = Vec::new();
@@ -726,19 +732,21 @@ impl PgRelayStore {
         let cursors: Vec<i64> = next.iter().map(|a| a.next.cur_seq).collect();
         let versions: Vec<i64> = next.iter().map(|a| a.next.version).collect();
         let conn = self.base.conn().await?;
-        let r = diesel::sql_query(ADVANCE)
-            .bind::<Text, _>(relay)
-            .bind::<Array<SmallInt>, _>(&shards)
-            .bind::<Array<Text>, _>(&lasts)
-            .bind::<Array<Nullable<Text>>, _>(&curs)
-            .bind::<Array<BigInt>, _>(&cursors)
-            .bind::<Array<BigInt>, _>(&versions)
-            .bind::<Array<BigInt>, _>(&dead.seqs)
-            .bind::<Array<Integer>, _>(&dead.attempts)
-            .bind::<Array<Text>, _>(&dead.errors)
-            .bind::<Array<Nullable<BigInt>>, _>(&dead.behind)
-            .get_result::<CountRow>(conn)
-            .await;
+        let r = Prepared(
+            diesel::sql_query(ADVANCE)
+                .bind::<Text, _>(relay)
+                .bind::<Array<SmallInt>, _>(&shards)
+                .bind::<Array<Text>, _>(&lasts)
+                .bind::<Array<Nullable<Text>>, _>(&curs)
+                .bind::<Array<BigInt>, _>(&cursors)
+                .bind::<Array<BigInt>, _>(&versions)
+                .bind::<Array<BigInt>, _>(&dead.seqs)
+                .bind::<Array<Integer>, _>(&dead.attempts)
+                .bind::<Array<Text>, _>(&dead.errors)
+                .bind::<Array<Nullable<BigInt>>, _>(&dead.behind),
+        )
+        .get_result::<CountRow>(conn)
+        .await;
         let written = self.base.check("advance stream positions", r)?.n as usize;
         if written < next.len() {
             tracing::warn!(
@@ -770,14 +778,16 @@ impl PgRelayStore {
             return Ok(false);
         }
         let conn = self.base.conn().await?;
-        let r = diesel::sql_query(SETTLE_RELEASE)
-            .bind::<Text, _>(relay)
-            .bind::<Array<BigInt>, _>(&published)
-            .bind::<Array<BigInt>, _>(&dead.seqs)
-            .bind::<Array<Integer>, _>(&dead.attempts)
-            .bind::<Array<Text>, _>(&dead.errors)
-            .get_result::<CountRow>(conn)
-            .await;
+        let r = Prepared(
+            diesel::sql_query(SETTLE_RELEASE)
+                .bind::<Text, _>(relay)
+                .bind::<Array<BigInt>, _>(&published)
+                .bind::<Array<BigInt>, _>(&dead.seqs)
+                .bind::<Array<Integer>, _>(&dead.attempts)
+                .bind::<Array<Text>, _>(&dead.errors),
+        )
+        .get_result::<CountRow>(conn)
+        .await;
         let written = self.base.check("settle released dead letters", r)?.n as usize;
         if written < expected {
             tracing::warn!(
