@@ -853,3 +853,113 @@ fn stream_claim_keeps_the_stream_index_while_the_table_fills() {
         }
     }
 }
+
+/// Retention in stream mode deletes what the positions passed and nothing else: not before
+/// `keep`, not an event committed after the relay stopped, not one whose transaction was
+/// still open while the relay ran (it committed later, with a lower seq than rows that were
+/// published; the open transaction holds back nothing else), and never more than the batch
+/// asked for. A lease-mode row marked published is deleted by the same statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_retention_deletes_only_what_the_positions_passed() {
+    let db = Postgres::database("stream_retention");
+    let broker = Arc::new(MemoryBroker::new());
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    let mut late = PgConnection::establish(&db.url).unwrap();
+    exec(&mut late, "BEGIN");
+    insert(&mut late, "late", 1);
+    for i in 0..200 {
+        insert(&mut conn, &format!("a{}", i % 20), i / 20 + 1);
+    }
+    let (stop, relay, _) = start(&db, &broker);
+    let ok = wait_for(30, || delivered(&broker).len() >= 200).await;
+    stop.send(()).unwrap();
+    relay.await.unwrap();
+    assert!(ok, "{} of 200 published", delivered(&broker).len());
+    for i in 0..10 {
+        insert(&mut conn, "after", i + 1);
+    }
+    // A row a lease mode published (before a switch to stream): retention's too.
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, event_version, \
+         payload, published_at) VALUES ('order', 'leased', 'E', 1, '{}', now() - interval '1 day')",
+    );
+
+    // Retention knows a stream row's age from its ticks (at most one a second, recorded by
+    // the cleanup itself): the first one below is newer than every committed row.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut store = PgRelayStore::new(&db.url);
+    assert_eq!(
+        store
+            .cleanup(Duration::from_secs(3600), 1000)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .cleanup(Duration::from_secs(3600), 1000)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(store.cleanup(Duration::ZERO, 1).await.unwrap(), 1);
+    let mut deleted = 1;
+    loop {
+        let n = store.cleanup(Duration::ZERO, 1000).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        deleted += n;
+    }
+    assert_eq!(deleted, 200);
+    let left: Vec<(String, i64)> = aggregates_left(&mut conn);
+    let expected: Vec<(String, i64)> = (1..=10).map(|n| ("after".to_owned(), n)).collect();
+    assert_eq!(
+        left, expected,
+        "only the events the positions had not passed are kept"
+    );
+
+    // The open transaction commits: its event (the lowest seq of the table) is published
+    // with those written after, and only then deleted.
+    exec(&mut late, "COMMIT");
+    assert_eq!(store.cleanup(Duration::ZERO, 1000).await.unwrap(), 0);
+    let (stop, relay, _) = start(&db, &broker);
+    let ok = wait_for(30, || delivered(&broker).len() >= 211).await;
+    stop.send(()).unwrap();
+    relay.await.unwrap();
+    assert!(ok, "{} of 211 published", delivered(&broker).len());
+    // The tick the previous cleanups used may have seen the late transaction open: then the
+    // first call below keeps its event and records the tick by which the next deletes it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut deleted = 0;
+    loop {
+        let n = store.cleanup(Duration::ZERO, 1000).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        deleted += n;
+    }
+    assert_eq!(deleted, 11);
+    assert!(aggregates_left(&mut conn).is_empty());
+    assert!(out_of_order(&delivered(&broker)).is_empty());
+}
+
+/// (aggregate, n) of the rows left in `outbox_events`, in seq order.
+fn aggregates_left(conn: &mut PgConnection) -> Vec<(String, i64)> {
+    #[derive(diesel::QueryableByName)]
+    struct Left {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        agg: String,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    diesel::sql_query(
+        "SELECT aggregate_id AS agg, (payload->>'n')::bigint AS n FROM outbox_events ORDER BY seq",
+    )
+    .load::<Left>(conn)
+    .unwrap()
+    .into_iter()
+    .map(|l| (l.agg, l.n))
+    .collect()
+}

@@ -334,6 +334,8 @@ pub trait RelayStore: Send + 'static {
     }
 
     /// Deletes up to `limit` rows published more than `older_than` ago; returns how many.
+    /// (PostgreSQL's stream mode records no publication time on a row: there a row goes once
+    /// it is published and was committed more than `older_than` ago; see `PgRelayStore`.)
     fn cleanup(
         &mut self,
         older_than: Duration,

@@ -154,7 +154,8 @@ impl<C: AdminConnection> Admin<C> {
         }
     }
 
-    /// Deletes published events older than `older_than` (by `published_at`), `batch` rows
+    /// Deletes published events older than `older_than` (by `published_at`; on PostgreSQL
+    /// also those stream mode published, by their commit: see `PgRelayStore`), `batch` rows
     /// per statement (each a short transaction of its own) until none is left; `progress`
     /// is called with the running total after each batch. Returns how many rows were
     /// deleted. The relay's own `Retention` runs the same statement.

@@ -94,6 +94,14 @@ impl Connector for PgConnector {
 /// set-based marks (`= ANY($seqs)`, `unnest` for failures), and `LISTEN outbox_events` on a
 /// second connection to wake up early.
 ///
+/// Retention (`cleanup`) deletes the rows a lease mode marked published more than the
+/// retention ago, and the rows stream mode published (its shards' positions passed them)
+/// whose transaction committed more than the retention ago. Stream mode records no time on
+/// a row, so each cleanup records a tick (the time and the snapshot, at most one a second,
+/// in `outbox_stream_ticks`) and goes by the newest tick at least the retention old: a stream
+/// row is deleted up to a cleanup interval later than its age alone would allow, never
+/// earlier. A transaction left open keeps only its own rows.
+///
 /// ```no_run
 /// # async fn run() {
 /// use outbox_diesel::relay::PgRelayStore;

@@ -248,7 +248,49 @@ pub(super) const TAKE_SHARDS: &str = "UPDATE outbox_shard_leases \
                      ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED) \
      RETURNING shard";
 
-pub(super) const CLEANUP: &str = "DELETE FROM outbox_events WHERE seq IN ( \
-     SELECT seq FROM outbox_events \
-     WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1) \
-     ORDER BY published_at LIMIT $2)";
+/// Retention: deletes up to `$2` rows published more than `$1` seconds ago, first those a
+/// lease mode marked published (oldest `published_at` first), then those stream mode
+/// published.
+///
+/// Stream mode writes nothing on a row it publishes, so neither its publication nor its age
+/// can be read from a row without a scan. The statement records a *tick* (the time and
+/// `pg_current_snapshot()`, at most one a second) in `outbox_stream_ticks` and takes as its
+/// bound the newest tick at least `$1` old: a row goes when its transaction is visible in
+/// that tick (it committed before it, so it is at least `$1` old) and in its shard's
+/// `last_snapshot` (published, or passed as a dead letter or parked event: those are copies
+/// in `outbox_stream_dead_letters`). Per shard that is a range scan of the stream index
+/// `(shard, xid)` up to the lower of the two snapshots' `xmax`, visibility a filter: the work
+/// is what it deletes (and the rows of transactions open at the tick), never the rows kept
+/// for retention, and a transaction left open holds back only its own rows. Ticks older
+/// than the bound are deleted (the shortest retention in use decides what is left anyway).
+/// A table never relayed in stream mode pays 256 index probes that find nothing (its
+/// positions are the migration's snapshot). The rows are deleted, so their space is reused
+/// only after a `VACUUM` (autovacuum); partition rotation is not built.
+pub(super) const CLEANUP: &str = "WITH tick AS ( \
+         INSERT INTO outbox_stream_ticks (tick_at, snapshot) \
+         SELECT now(), pg_current_snapshot() \
+         WHERE NOT EXISTS (SELECT 1 FROM outbox_stream_ticks \
+                           WHERE tick_at > now() - interval '1 second') \
+         ON CONFLICT DO NOTHING), \
+     bound AS MATERIALIZED ( \
+         SELECT tick_at, snapshot FROM outbox_stream_ticks \
+         WHERE tick_at <= now() - make_interval(secs => $1) \
+         ORDER BY tick_at DESC LIMIT 1), \
+     pruned AS (DELETE FROM outbox_stream_ticks \
+         WHERE tick_at < (SELECT tick_at FROM bound)) \
+     DELETE FROM outbox_events WHERE seq = ANY(ARRAY( \
+     SELECT c.seq FROM ( \
+         (SELECT seq FROM outbox_events \
+          WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1) \
+          ORDER BY published_at LIMIT $2) \
+         UNION ALL \
+         (SELECT h.seq FROM bound CROSS JOIN outbox_stream_positions p CROSS JOIN LATERAL ( \
+              SELECT o.seq FROM outbox_events o \
+              WHERE o.shard = p.shard \
+                AND o.xid < least(pg_snapshot_xmax(bound.snapshot), \
+                                  pg_snapshot_xmax(p.last_snapshot)) \
+                AND o.published_at IS NULL AND o.dead_at IS NULL \
+                AND pg_visible_in_snapshot(o.xid, bound.snapshot) \
+                AND pg_visible_in_snapshot(o.xid, p.last_snapshot) \
+              LIMIT $2) h)) c \
+     LIMIT $2))";

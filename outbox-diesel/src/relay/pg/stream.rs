@@ -21,8 +21,12 @@
 //! the next claim starts, so a second claim before the first batch settles would read the
 //! same rows. Failures are held in memory (the rows are never written): the failed event's
 //! shard is not claimed until its retry time, and its attempt count lives in the relay (a
-//! restarted relay counts from 1 again). Not built yet: retention (the rows keep
-//! `published_at` NULL).
+//! restarted relay counts from 1 again).
+//!
+//! Retention (the store's `cleanup`, `outbox cleanup`, the relay's `--retention-hours`)
+//! deletes the rows the positions passed once they committed more than the retention ago,
+//! known from the ticks the cleanup records (see `CLEANUP` in `sql.rs`): deletes, so their
+//! space is reused after a `VACUUM`; partition rotation is not built.
 //!
 //! ## Dead letters
 //!
