@@ -34,9 +34,11 @@ pub enum Mode {
     /// transaction's id on (the snapshot's `xmin`), so the claim's cost, and so latency
     /// under load, grows with the age of the oldest open transaction. Order within an
     /// aggregate is commit order, which is `seq` order when the writes to an aggregate are
-    /// serialized (as they must be for every mode). One batch in flight at a time. Not built
-    /// yet: dead letters (an event that keeps failing holds its shard back), retention of
-    /// published rows (they keep `published_at` NULL). MySQL and SQLite stores refuse it
+    /// serialized (as they must be for every mode). One batch in flight at a time. An event
+    /// refused past `max_attempts` is copied into `outbox_stream_dead_letters` (its
+    /// aggregate's later events parked behind it unless [`DeadLetterPolicy::Skip`]); the
+    /// rows keep `published_at` NULL, and retention deletes those the positions passed, by
+    /// their commit time (see `PgRelayStore`). MySQL and SQLite stores refuse it
     /// ([`UnsupportedMode`](super::UnsupportedMode)).
     Stream,
 }
