@@ -620,3 +620,49 @@ async fn a_relay_id_in_use_is_refused() {
         256
     );
 }
+
+/// Retention keeps up with the outbox: a cleanup that deleted a whole batch runs again at the
+/// relay's next turn, not a whole `every` later (one batch per `every` would bound retention
+/// to `batch / every` rows a second whatever the outbox's rate).
+#[tokio::test]
+async fn retention_deletes_batch_after_batch_until_done() {
+    let store = MemoryStore::default();
+    let broker = Arc::new(MemoryBroker::new());
+    let n = fill(&store, 50, 40);
+    let config = RelayConfig {
+        retention: Some(Retention {
+            keep: Duration::from_secs(1),
+            batch: 100,
+            every: Duration::from_secs(1),
+        }),
+        ..fast(Mode::Unordered)
+    };
+    let relay = Relay::new(store.clone(), broker.clone(), config).unwrap();
+    let stats = relay.stats();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    let started = std::time::Instant::now();
+    while stats.published.load(Ordering::Relaxed) < n as u64
+        && started.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let published_at = std::time::Instant::now();
+    // Published 1 s ago at the earliest at the next cleanup (`every`): then 2,000 rows in
+    // batches of 100. At a batch per `every` that would take 20 s.
+    while !store.rows().is_empty() && published_at.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let left = store.rows().len();
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(stats.published.load(Ordering::Relaxed), n as u64);
+    assert_eq!(
+        left,
+        0,
+        "{left} of {n} published rows left {:?} after publication",
+        published_at.elapsed()
+    );
+}
