@@ -266,6 +266,15 @@ pub(super) const TAKE_SHARDS: &str = "UPDATE outbox_shard_leases \
 /// A table never relayed in stream mode pays 256 index probes that find nothing (its
 /// positions are the migration's snapshot). The rows are deleted, so their space is reused
 /// only after a `VACUUM` (autovacuum); partition rotation is not built.
+///
+/// Measured with `psql` on the shared test server (autovacuum off, a release build running
+/// beside it), 1,000,000 rows over 1,000 aggregates, every position at the current snapshot:
+/// 10,000 stream rows a statement in 0.25–0.5 s, where 10,000 rows a lease mode published
+/// took 65 ms. A shard's rows are spread over the whole heap (the lease mode's oldest
+/// `published_at` are neighbours), so each row costs a page of its own. Taking the oldest
+/// `⌈$2 / 256⌉` of every shard instead (neighbours again) measured 0.18–0.4 s against
+/// 0.25–0.4 s in the same run, interleaved: not enough to pay for what it needs (a second
+/// pass for the batches one shard holds most of).
 pub(super) const CLEANUP: &str = "WITH tick AS ( \
          INSERT INTO outbox_stream_ticks (tick_at, snapshot) \
          SELECT now(), pg_current_snapshot() \
