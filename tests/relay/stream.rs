@@ -851,6 +851,8 @@ fn stream_claim_keeps_the_stream_index_while_the_table_fills() {
             if phase != "empty" {
                 // (An empty table's payloads are joined by a scan of it: nothing to read.)
                 assert!(!plan.contains("Seq Scan on outbox_events "), "{at}");
+                // The batch's payloads are read by the scan's ctid, a TID scan a row.
+                assert!(plan.contains("Tid Scan on outbox_events"), "{at}");
             }
             assert!(!plan.contains("JIT:"), "{at}");
         }
