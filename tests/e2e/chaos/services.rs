@@ -173,6 +173,13 @@ impl PrivatePostgres {
 
     /// `pg_ctl <action>` with fast shutdown (active sessions are terminated).
     pub fn ctl(&self, action: &str) {
+        self.ctl_with(action, "fast");
+    }
+
+    /// `pg_ctl` with a shutdown mode: `fast` (a clean shutdown: every commit is flushed) or
+    /// `immediate` (the server is killed and recovers from its WAL at the next start, as after
+    /// a crash: commits made without waiting for their flush may be lost).
+    pub fn ctl_with(&self, action: &str, mode: &str) {
         let opts = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200",
             self.port,
@@ -182,7 +189,7 @@ impl PrivatePostgres {
             Command::new(pg_bin("pg_ctl"))
                 .args(["-D"])
                 .arg(self.dir.join("data"))
-                .args(["-w", "-m", "fast", "-o", &opts, action]),
+                .args(["-w", "-m", mode, "-o", &opts, action]),
         );
         assert!(ok.success(), "pg_ctl {action} failed");
     }

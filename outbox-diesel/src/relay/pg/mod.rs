@@ -19,7 +19,7 @@ use super::base::{Base, Connector};
 use super::common::Statement;
 use super::common::{ClaimedColumns, Malformed};
 
-use sql::{CLEANUP, SESSION_SQL};
+use sql::{ASYNC_COMMIT_SQL, CLEANUP, SESSION_SQL};
 
 /// [`CLEANUP`] for the events published more than `older_than` (seconds) ago, at most
 /// `limit`: the store's `cleanup` and the admin API's.
@@ -46,10 +46,50 @@ impl Row {
     }
 }
 
+/// What a relay connection runs first: [`SESSION_SQL`], the statement timeout, and
+/// [`ASYNC_COMMIT_SQL`] unless `synchronous_commit`.
+fn session_sql(timeout: Duration, synchronous_commit: bool) -> String {
+    let commit = if synchronous_commit {
+        ""
+    } else {
+        ASYNC_COMMIT_SQL
+    };
+    format!(
+        "{SESSION_SQL}; SET statement_timeout = {}; {commit}",
+        timeout.as_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relay_sessions_commit_asynchronously_unless_asked() {
+        let default = session_sql(Duration::from_secs(10), false);
+        assert!(default.ends_with("SET statement_timeout = 10000; SET synchronous_commit = off"));
+        assert!(default.starts_with(SESSION_SQL));
+        let synchronous = session_sql(Duration::from_secs(10), true);
+        assert!(!synchronous.contains("synchronous_commit"), "{synchronous}");
+        let store = PgRelayStore::new("postgres://x");
+        assert!(!store.base.connector.synchronous_commit);
+        assert!(
+            store
+                .synchronous_commit(true)
+                .base
+                .connector
+                .synchronous_commit
+        );
+    }
+}
+
 /// PostgreSQL's part of the store's connection: the session settings, and the session the
 /// last heartbeat recorded.
 pub(crate) struct PgConnector {
     session: Option<sessions::Session>,
+    /// Keep the server's `synchronous_commit` for the relay's writes (see
+    /// [`ASYNC_COMMIT_SQL`]).
+    synchronous_commit: bool,
 }
 
 impl Connector for PgConnector {
@@ -61,11 +101,8 @@ impl Connector for PgConnector {
         conn: &mut Self::Conn,
         timeout: Duration,
     ) -> diesel::QueryResult<()> {
-        let sql = format!(
-            "{SESSION_SQL}; SET statement_timeout = {}",
-            timeout.as_millis()
-        );
-        conn.batch_execute(&sql).await
+        conn.batch_execute(&session_sql(timeout, self.synchronous_commit))
+            .await
     }
 
     async fn heartbeat(
@@ -119,7 +156,13 @@ impl PgRelayStore {
     /// A store for the database at `url`; it connects on first use and after errors.
     pub fn new(url: impl Into<String>) -> Self {
         PgRelayStore {
-            base: Base::new(url.into(), PgConnector { session: None }),
+            base: Base::new(
+                url.into(),
+                PgConnector {
+                    session: None,
+                    synchronous_commit: false,
+                },
+            ),
             listener: None,
             listen: true,
             stream: stream::StreamState::default(),
@@ -134,6 +177,21 @@ impl PgRelayStore {
     /// keeps to it whatever is set here.
     pub fn statement_timeout(mut self, timeout: Duration) -> Self {
         self.base.timeout.explicit = Some(timeout.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// Whether the relay's own writes (claims, marks, leases, stream positions) wait for
+    /// their WAL flush (default `false`: `SET synchronous_commit = off` in the store's
+    /// session). A crash of the server may then lose the last fraction of a second of them,
+    /// which costs duplicates, never an event nor order; `true` trades that for a disk flush
+    /// per claim and per mark. Writers' transactions are not affected either way.
+    ///
+    /// ```no_run
+    /// # use outbox_diesel::relay::PgRelayStore;
+    /// let store = PgRelayStore::new("postgres://postgres@127.0.0.1/app").synchronous_commit(true);
+    /// ```
+    pub fn synchronous_commit(mut self, on: bool) -> Self {
+        self.base.connector.synchronous_commit = on;
         self
     }
 
