@@ -60,29 +60,6 @@ fn session_sql(timeout: Duration, synchronous_commit: bool) -> String {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn relay_sessions_commit_asynchronously_unless_asked() {
-        let default = session_sql(Duration::from_secs(10), false);
-        assert!(default.ends_with("SET statement_timeout = 10000; SET synchronous_commit = off"));
-        assert!(default.starts_with(SESSION_SQL));
-        let synchronous = session_sql(Duration::from_secs(10), true);
-        assert!(!synchronous.contains("synchronous_commit"), "{synchronous}");
-        let store = PgRelayStore::new("postgres://x");
-        assert!(!store.base.connector.synchronous_commit);
-        assert!(
-            store
-                .synchronous_commit(true)
-                .base
-                .connector
-                .synchronous_commit
-        );
-    }
-}
-
 /// PostgreSQL's part of the store's connection: the session settings, and the session the
 /// last heartbeat recorded.
 pub(crate) struct PgConnector {
@@ -206,5 +183,28 @@ impl PgRelayStore {
     /// server is reported at start-up.
     pub async fn connect(&mut self) -> Result<(), StoreError> {
         self.base.conn().await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relay_sessions_commit_asynchronously_unless_asked() {
+        let default = session_sql(Duration::from_secs(10), false);
+        assert!(default.ends_with("SET statement_timeout = 10000; SET synchronous_commit = off"));
+        assert!(default.starts_with(SESSION_SQL));
+        let synchronous = session_sql(Duration::from_secs(10), true);
+        assert!(!synchronous.contains("synchronous_commit"), "{synchronous}");
+        let store = PgRelayStore::new("postgres://x");
+        assert!(!store.base.connector.synchronous_commit);
+        assert!(
+            store
+                .synchronous_commit(true)
+                .base
+                .connector
+                .synchronous_commit
+        );
     }
 }
