@@ -137,6 +137,11 @@ struct RelayArgs {
     /// PostgreSQL: do not LISTEN for writers' notifications; poll only.
     #[arg(long, env = "OUTBOX_NO_LISTEN")]
     no_listen: bool,
+    /// PostgreSQL: let the relay's own writes (claims, marks, leases) wait for their WAL
+    /// flush. By default they do not: a server crash may then lose the last moment of them,
+    /// which publishes those events again (never loses one, never breaks order).
+    #[arg(long, env = "OUTBOX_SYNCHRONOUS_COMMIT")]
+    synchronous_commit: bool,
     /// Do not watch relays' database sessions (replace a dead relay only when its lease runs
     /// out). Needed behind a transaction pooler (e.g. PgBouncer in transaction mode), where a
     /// server session does not belong to one relay.
@@ -407,7 +412,9 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     match backend {
         Backend::Postgres => {
             // The store keeps its statement timeout below a third of the relay's lease.
-            let store = PgRelayStore::new(url).listen(!args.no_listen);
+            let store = PgRelayStore::new(url)
+                .listen(!args.no_listen)
+                .synchronous_commit(args.synchronous_commit);
             run(store, publisher, config, serve).await
         }
         Backend::Mysql => run(MysqlRelayStore::new(url), publisher, config, serve).await,
