@@ -43,20 +43,22 @@ impl RelayStore for PgRelayStore {
                 leader_only,
                 dead_letters_block,
             } => {
-                diesel::sql_query(format!("{CLAIM_ORDERED}{RETURNING}"))
-                    .bind::<Text, _>(claim.relay)
-                    .bind::<Double, _>(secs(claim.lease))
-                    .bind::<BigInt, _>(limit)
-                    .bind::<Bool, _>(owned_shards_only)
-                    .bind::<Bool, _>(leader_only)
-                    .bind::<Bool, _>(dead_letters_block)
-                    .bind::<diesel::sql_types::Nullable<BigInt>, _>(
-                        claim
-                            .look_ahead
-                            .map(|n| i64::try_from(n).unwrap_or(i64::MAX)),
-                    )
-                    .load::<Row>(conn)
-                    .await
+                Prepared(
+                    diesel::sql_query(format!("{CLAIM_ORDERED}{RETURNING}"))
+                        .bind::<Text, _>(claim.relay)
+                        .bind::<Double, _>(secs(claim.lease))
+                        .bind::<BigInt, _>(limit)
+                        .bind::<Bool, _>(owned_shards_only)
+                        .bind::<Bool, _>(leader_only)
+                        .bind::<Bool, _>(dead_letters_block)
+                        .bind::<diesel::sql_types::Nullable<BigInt>, _>(
+                            claim
+                                .look_ahead
+                                .map(|n| i64::try_from(n).unwrap_or(i64::MAX)),
+                        ),
+                )
+                .load::<Row>(conn)
+                .await
             }
             ClaimOrder::Stream { .. } => Ok(Vec::new()), // claimed above
         };
