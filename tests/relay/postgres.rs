@@ -665,3 +665,49 @@ fn one_aggregate_claims_in_linear_reads() {
     );
     assert!(large < 1000 * 4, "{large} buffers for a claim of 1,000");
 }
+
+/// The relay's statements are kept prepared on their connection (`Prepared`): one server-side
+/// prepared statement however often it runs. Diesel never caches a `diesel::sql_query`, and
+/// diesel-async then prepares, runs and closes it on every call (a round trip and a parse
+/// more; the server log showed the ordered claim as a new statement each time until it was
+/// wrapped).
+#[tokio::test]
+async fn relay_statements_stay_prepared_on_their_connection() {
+    use diesel_async::{AsyncConnection, AsyncPgConnection};
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let db = Postgres::database("prepared");
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let sql = "SELECT $1::int8 AS n";
+    let count = "SELECT count(*) AS n FROM pg_prepared_statements \
+                 WHERE statement = 'SELECT $1::int8 AS n'";
+    for _ in 0..3 {
+        let plain = diesel::sql_query(sql).bind::<diesel::sql_types::BigInt, _>(7i64);
+        let rows = diesel_async::RunQueryDsl::load::<N>(plain, &mut conn)
+            .await
+            .unwrap();
+        assert_eq!(rows[0].n, 7);
+    }
+    let on_server = diesel_async::RunQueryDsl::get_result::<N>(diesel::sql_query(count), &mut conn)
+        .await
+        .unwrap()
+        .n;
+    assert_eq!(on_server, 0, "a plain sql_query is closed after each run");
+    for _ in 0..3 {
+        let prepared = outbox::relay::__sql::PgPrepared(
+            diesel::sql_query(sql).bind::<diesel::sql_types::BigInt, _>(7i64),
+        );
+        let rows = diesel_async::RunQueryDsl::load::<N>(prepared, &mut conn)
+            .await
+            .unwrap();
+        assert_eq!(rows[0].n, 7);
+    }
+    let on_server = diesel_async::RunQueryDsl::get_result::<N>(diesel::sql_query(count), &mut conn)
+        .await
+        .unwrap()
+        .n;
+    assert_eq!(on_server, 1, "one prepared statement for three runs");
+}

@@ -522,7 +522,7 @@ pub(crate) struct HolderRow {
 /// `plan_cache_mode = force_custom_plan` (see `SESSION_SQL`), which is what keeps a claim
 /// prepared while the table was empty from keeping that plan.
 #[cfg(feature = "postgres_backend")]
-pub(crate) struct Prepared<Q>(pub Q);
+pub struct Prepared<Q>(pub Q);
 
 #[cfg(feature = "postgres_backend")]
 impl<Q, DB> diesel::query_builder::QueryFragment<DB> for Prepared<Q>

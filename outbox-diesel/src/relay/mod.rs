@@ -37,6 +37,8 @@ pub use sqlite::SqliteRelayStore;
 #[doc(hidden)]
 pub mod __sql {
     #[cfg(feature = "postgres_backend")]
+    pub use super::common::Prepared as PgPrepared;
+    #[cfg(feature = "postgres_backend")]
     pub use super::pg::sessions::REAP as PG_REAP;
     #[cfg(feature = "postgres_backend")]
     pub use super::pg::sql::{
