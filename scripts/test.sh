@@ -99,12 +99,15 @@ fi
 # --- checks and tests --------------------------------------------------------------------------
 # Each step prints its wall time, so a slow run says where its time went.
 started=$SECONDS
+# Runs a step and returns its status (called as `step … || rc=$?` inside run_tests, where
+# `set -e` does not apply: the status is the step's, not that of the printf after it).
 step() {
-  local name=$1 t0=$SECONDS
+  local name=$1 t0=$SECONDS status=0
   shift
   log "$name"
-  "$@"
+  "$@" || status=$?
   printf '    (%s: %ss)\n' "$name" "$((SECONDS - t0))"
+  return "$status"
 }
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --workspace --all-targets --all-features -- -D warnings
