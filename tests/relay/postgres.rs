@@ -691,11 +691,11 @@ async fn relay_statements_stay_prepared_on_their_connection() {
             .unwrap();
         assert_eq!(rows[0].n, 7);
     }
-    let on_server = diesel_async::RunQueryDsl::get_result::<N>(diesel::sql_query(count), &mut conn)
-        .await
-        .unwrap()
-        .n;
-    assert_eq!(on_server, 0, "a plain sql_query is closed after each run");
+    assert_eq!(
+        count_on(&mut conn, count).await,
+        0,
+        "a plain sql_query is closed after each run"
+    );
     for _ in 0..3 {
         let prepared = outbox::relay::__sql::PgPrepared(
             diesel::sql_query(sql).bind::<diesel::sql_types::BigInt, _>(7i64),
@@ -705,9 +705,22 @@ async fn relay_statements_stay_prepared_on_their_connection() {
             .unwrap();
         assert_eq!(rows[0].n, 7);
     }
-    let on_server = diesel_async::RunQueryDsl::get_result::<N>(diesel::sql_query(count), &mut conn)
+    assert_eq!(
+        count_on(&mut conn, count).await,
+        1,
+        "one prepared statement for three runs"
+    );
+}
+
+/// The count that `sql` (`SELECT count(*) AS n …`) returns on `conn`.
+async fn count_on(conn: &mut diesel_async::AsyncPgConnection, sql: &str) -> i64 {
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    diesel_async::RunQueryDsl::get_result::<N>(diesel::sql_query(sql), conn)
         .await
         .unwrap()
-        .n;
-    assert_eq!(on_server, 1, "one prepared statement for three runs");
+        .n
 }

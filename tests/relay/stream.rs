@@ -909,15 +909,7 @@ async fn stream_retention_deletes_only_what_the_positions_passed() {
         0
     );
     assert_eq!(store.cleanup(Duration::ZERO, 1).await.unwrap(), 1);
-    let mut deleted = 1;
-    loop {
-        let n = store.cleanup(Duration::ZERO, 1000).await.unwrap();
-        if n == 0 {
-            break;
-        }
-        deleted += n;
-    }
-    assert_eq!(deleted, 200);
+    assert_eq!(1 + clean_up_all(&mut store).await, 200);
     let left: Vec<(String, i64)> = aggregates_left(&mut conn);
     let expected: Vec<(String, i64)> = (1..=10).map(|n| ("after".to_owned(), n)).collect();
     assert_eq!(
@@ -937,17 +929,21 @@ async fn stream_retention_deletes_only_what_the_positions_passed() {
     // The tick the previous cleanups used may have seen the late transaction open: then the
     // first call below keeps its event and records the tick by which the next deletes it.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let mut deleted = 0;
-    loop {
-        let n = store.cleanup(Duration::ZERO, 1000).await.unwrap();
-        if n == 0 {
-            break;
-        }
-        deleted += n;
-    }
-    assert_eq!(deleted, 11);
+    assert_eq!(clean_up_all(&mut store).await, 11);
     assert!(aggregates_left(&mut conn).is_empty());
     assert!(out_of_order(&delivered(&broker)).is_empty());
+}
+
+/// Runs the store's cleanup (nothing kept, 1,000 rows a statement) until it deletes nothing;
+/// returns how many rows it deleted.
+async fn clean_up_all(store: &mut PgRelayStore) -> u64 {
+    let mut deleted = 0;
+    loop {
+        match store.cleanup(Duration::ZERO, 1000).await.unwrap() {
+            0 => return deleted,
+            n => deleted += n,
+        }
+    }
 }
 
 /// (aggregate, n) of the rows left in `outbox_events`, in seq order.
