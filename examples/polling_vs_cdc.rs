@@ -32,29 +32,34 @@ fn main() {
         .unwrap();
 
     // The CDC reader: a streaming replication connection; each COMMIT is timed on arrival.
-    let mut reader = std::process::Command::new(PrivatePg::bin("pg_recvlogical"))
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &pg.port.to_string(),
-            "-U",
-            "postgres",
-            "-d",
-            "postgres",
-            "--slot",
-            "cdc",
-            "--start",
-            "-F",
-            "0",
-            "-f",
-            "-",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("start pg_recvlogical");
+    // Killed when dropped (also when a demonstration fails and unwinds out of `main`), and
+    // `--no-loop`: it would otherwise retry for ever once the private cluster is gone.
+    let mut reader = Reader(
+        std::process::Command::new(PrivatePg::bin("pg_recvlogical"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &pg.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "--slot",
+                "cdc",
+                "--start",
+                "--no-loop",
+                "-F",
+                "0",
+                "-f",
+                "-",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start pg_recvlogical"),
+    );
     let (commits_tx, commits) = std::sync::mpsc::channel();
-    let out = reader.stdout.take().unwrap();
+    let out = reader.0.stdout.take().unwrap();
     std::thread::spawn(move || {
         // Only transactions that inserted outbox rows count (the relay's own writes are
         // decoded too).
@@ -137,8 +142,7 @@ fn main() {
     }
     let after_relay = PrivatePg::bigint(&mut conn, LSN);
     relay.stop();
-    let _ = reader.kill();
-    let _ = reader.wait();
+    drop(reader);
     let per = |bytes: i64| bytes as f64 / 1000.0;
     println!(
         "   writing the events: {:.0} B/event; CDC reading them: {:.1} B/event; relay marking them: {:.0} B/event",
@@ -153,6 +157,16 @@ fn main() {
     println!(
         "\nPolling costs a claim query per poll and an UPDATE per event; CDC costs a slot, a connector\nand wal_level = logical. Both publish only committed events."
     );
+}
+
+/// The CDC reader's process, killed (and waited for) when dropped.
+struct Reader(std::process::Child);
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// A relay running in a thread until stopped.
