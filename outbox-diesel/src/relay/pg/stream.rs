@@ -162,6 +162,20 @@ pub const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
 /// `EXPLAIN (ANALYZE, BUFFERS) EXECUTE` with the positions' arrays from `\gset`) on a
 /// fresh database with every migration, 100,000 `INSERT ... SELECT generate_series` rows
 /// and one relay's lease on all 256 shards.
+///
+/// **Why stream mode loses at batch 100** (the benchmark: 32–50 % of the SQL ceiling, against
+/// 150 % at batch 1,000): a claim's cost follows the shards the relay holds, not the batch.
+/// Measured the same way (PostgreSQL 15 on the shared test server, 20,000 rows written 1,000 a
+/// transaction over 1,000 aggregates, every shard held, the first delta, three executions
+/// each): this statement read 1,615 shared buffers for 100 rows and 2,587 for 1,000, in
+/// 1.5–1.8 ms against 2.6–5.2 ms; 1,512 of the 1,615 are the 256 shards' index descents,
+/// one a shard whatever the batch. [`POSITIONS`] adds 1.1–2.0 ms and 522 buffers a claim,
+/// its 256 lateral probes, at either batch size. So a claim of 100 costs about as much as
+/// a claim of 1,000 (one writer's transaction spans every shard, so its delta cannot be
+/// split below 1,000 rows and is read again by each of its ten claims). What would lift it:
+/// one range scan over the xid range of all held shards instead of one a shard (positions
+/// that move together, as one relay's do), or serving the rest of a delta already read
+/// from memory while the positions it was read at are still the ones `ADVANCE` fences on.
 pub const CANDIDATES: &str = "WITH cand AS ( \
      SELECT c.tid, c.seq, c.shard, count(*) OVER (PARTITION BY c.shard) AS shard_rows \
      FROM unnest($1::smallint[], $2::text[], $3::text[], $4::int8[]) AS p(shard, last_snap, cur_snap, cur_seq) \
