@@ -116,6 +116,12 @@ impl<S: RelayStore> RelayStore for Timed<S> {
     fn wait_for_work(&mut self, timeout: Duration) -> impl Future<Output = ()> + Send {
         self.inner.wait_for_work(timeout)
     }
+    fn settler(&mut self) -> Option<Self> {
+        Some(Timed {
+            inner: self.inner.settler()?,
+            t: self.t.clone(),
+        })
+    }
 }
 
 /// A publisher that times its publishes.
@@ -763,7 +769,8 @@ pub fn section(ctx: &Ctx, md: &mut String) {
          {} s is stopped and its rate is over the events it published. CPU: seconds of CPU used \
          during the (median) drain by all `postgres` processes and by the bench process (relays, \
          publisher), from /proc. Relay time: the relays' wall time spent in claims / publishes / \
-         marks (publishes overlap the claims and marks, up to `max_in_flight` batches at once, so \
+         marks (publishes overlap the claims and marks, up to `max_in_flight` batches at once, \
+         and in unordered mode the marks overlap the claims, made on a second connection, so \
          the three can add up to over 100 %; the rest is waiting and coordination). In leader \
          mode one relay works and the others stand by, so its drains are compared with the \
          one-worker ceiling whatever their number of relays. Stream mode (PostgreSQL's \

@@ -1,11 +1,16 @@
 //! Settling a published batch: each message's outcome recorded on its row, only where the
 //! relay still holds the lease.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
 use super::super::stats::RelayStats;
-use super::super::{Delivery, Failure, OutboxMessage, Publisher, RelayStore};
-use super::Relay;
+use super::super::{Delivery, Failure, OutboxMessage, RelayConfig, RelayStore};
+use super::window::InFlight;
+use crate::backoff::SplitMix;
 
 /// Runs a store call until it succeeds or `deadline` passes (then the rows go back to the
 /// pool by lease expiry), backing off between tries.
@@ -31,7 +36,36 @@ macro_rules! retry_until {
     }};
 }
 
-impl<S: RelayStore, P: Publisher> Relay<S, P> {
+/// What settling a batch works with: the store it settles on (the relay's own, or its
+/// [`settler`](RelayStore::settler)), the relay's configuration, counters and jitter.
+pub(super) struct Settle<'a, S> {
+    pub(super) store: &'a mut S,
+    pub(super) config: &'a RelayConfig,
+    pub(super) stats: &'a RelayStats,
+    pub(super) rng: &'a mut SplitMix,
+}
+
+impl<S: RelayStore> Settle<'_, S> {
+    /// Waits for the publish of `batch`'s outcome `deliveries` to be recorded (see
+    /// [`settle`](Self::settle)), in the batch's span, and times it.
+    pub(super) async fn batch(
+        &mut self,
+        batch: InFlight,
+        deliveries: Vec<Delivery>,
+    ) -> Option<String> {
+        let started = Instant::now();
+        let deadline = batch.claimed + self.config.lease;
+        let settled = self
+            .settle(&batch.batch, deliveries, deadline)
+            .instrument(batch.span)
+            .await;
+        metrics::histogram!("outbox_relay_mark_duration_seconds").record(started.elapsed());
+        self.stats
+            .waiting_for_broker
+            .store(settled.is_some(), std::sync::atomic::Ordering::Relaxed);
+        settled
+    }
+
     /// Records each message's outcome. Store errors here are retried until `deadline`, when
     /// the batch's lease runs out; after that the rows return to the pool by lease expiry (and published
     /// ones are published again: at-least-once). Returns the first outage error if the broker
@@ -162,5 +196,85 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             unavailable,
         );
         outage
+    }
+}
+
+/// The settler's side (see [`RelayStore::settler`]): one batch at a time is settled there, as
+/// a task of its own, while the relay claims on its own store. The batch settled there is
+/// still leased by the relay until its settle commits, so an ordered claim made meanwhile
+/// holds its aggregates back, as it does those of the batches whose publish is in flight.
+pub(super) struct Beside<S> {
+    config: Arc<RelayConfig>,
+    stats: Arc<RelayStats>,
+    /// The settler while no settle runs on it.
+    idle: Option<(S, SplitMix)>,
+    running: Option<JoinHandle<(S, SplitMix, Option<String>)>>,
+}
+
+impl<S: RelayStore> Beside<S> {
+    pub(super) fn new(store: S, config: &RelayConfig, stats: Arc<RelayStats>) -> Self {
+        Beside {
+            config: Arc::new(config.clone()),
+            stats,
+            idle: Some((store, SplitMix::seeded())),
+            running: None,
+        }
+    }
+
+    /// Whether a settle is running.
+    pub(super) fn busy(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// Waits for the settle that runs, if any; returns the broker's error if it was
+    /// unavailable for any message of that batch.
+    pub(super) async fn join(&mut self) -> Option<String> {
+        let joined = self.running.take()?.await;
+        match joined {
+            Ok((store, rng, outage)) => {
+                self.idle = Some((store, rng));
+                outage
+            }
+            // The settle panicked: the relay panics too, as it would have settling itself.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Cancelled: only `Drop` aborts it, so this is not reached; the settler is gone
+            // and the relay settles on its own store from now on.
+            Err(_) => None,
+        }
+    }
+
+    /// Starts settling `batch` on the settler, which must be idle (after [`join`](Self::join));
+    /// gives the batch back if the settler is gone.
+    pub(super) fn start(
+        &mut self,
+        batch: InFlight,
+        deliveries: Vec<Delivery>,
+    ) -> Result<(), (InFlight, Vec<Delivery>)> {
+        let Some((mut store, mut rng)) = self.idle.take() else {
+            return Err((batch, deliveries));
+        };
+        let (config, stats) = (self.config.clone(), self.stats.clone());
+        self.running = Some(tokio::spawn(async move {
+            let outage = Settle {
+                store: &mut store,
+                config: &config,
+                stats: &stats,
+                rng: &mut rng,
+            }
+            .batch(batch, deliveries)
+            .await;
+            (store, rng, outage)
+        }));
+        Ok(())
+    }
+}
+
+impl<S> Drop for Beside<S> {
+    /// The relay's future dropped without a graceful shutdown: the settle stops with it, as
+    /// one on the relay's own store would (the rows go back when their lease runs out).
+    fn drop(&mut self) {
+        if let Some(task) = &self.running {
+            task.abort();
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! The batches in flight: publishes run as tasks of their own, so that the relay claims and
-//! settles (on its one store connection) while the broker works; they are settled in claim
-//! order.
+//! settles (on its store connection, and settles on its settler's where the store has one)
+//! while the broker works; they are settled in claim order.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

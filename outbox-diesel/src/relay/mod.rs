@@ -4,7 +4,8 @@
 //! Every method is one short, committed statement (MySQL: one short transaction, as it has
 //! no `UPDATE … RETURNING`), and no method holds a connection, a transaction or a row lock
 //! while the relay publishes. A store owns one connection and reconnects on the call after
-//! an error, so the relay survives a database restart.
+//! an error, so the relay survives a database restart. (On PostgreSQL an unordered relay also
+//! settles on a second store, its settler, beside its claims: `PgRelayStore::settle_beside`.)
 //!
 //! Times are the database's clock (PostgreSQL, MySQL) so relays on different hosts agree on
 //! lease expiry; SQLite runs in-process, so its clock is the relay's, and it is meant for one

@@ -126,6 +126,8 @@ pub struct PgRelayStore {
     base: Base<PgConnector>,
     listener: Option<AsyncPgConnection>,
     listen: bool,
+    /// Whether the relay settles on a connection of its own ([`PgRelayStore::settle_beside`]).
+    settle_beside: bool,
     stream: stream::StreamState,
 }
 
@@ -142,8 +144,38 @@ impl PgRelayStore {
             ),
             listener: None,
             listen: true,
+            settle_beside: true,
             stream: stream::StreamState::default(),
         }
+    }
+
+    /// Whether the relay settles its batches (marks, failures, releases) on a connection of
+    /// its own, beside the next claim on this one (default `true`; unordered mode only, see
+    /// [`RelayStore::settler`](outbox_core::relay::RelayStore::settler)). A relay then holds
+    /// three connections: this one, the settler's, and the listener's (unless
+    /// [`listen(false)`](Self::listen)); `false` keeps it to two, settling between claims.
+    ///
+    /// ```no_run
+    /// # use outbox_diesel::relay::PgRelayStore;
+    /// let store = PgRelayStore::new("postgres://postgres@127.0.0.1/app").settle_beside(false);
+    /// ```
+    pub fn settle_beside(mut self, on: bool) -> Self {
+        self.settle_beside = on;
+        self
+    }
+
+    /// The settler: the same database and session settings, no listener, no settler of its
+    /// own; it records no heartbeat (its statements are fenced by the row leases).
+    fn beside(&self) -> Option<Self> {
+        if !self.settle_beside {
+            return None;
+        }
+        let mut store = PgRelayStore::new(self.base.url())
+            .synchronous_commit(self.base.connector.synchronous_commit)
+            .listen(false)
+            .settle_beside(false);
+        store.base.timeout = self.base.timeout;
+        Some(store)
     }
 
     /// The longest any statement of the store may run, at most (PostgreSQL's
@@ -189,6 +221,20 @@ impl PgRelayStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_settler_is_a_plain_second_session_of_the_same_store() {
+        let store = PgRelayStore::new("postgres://x")
+            .synchronous_commit(true)
+            .statement_timeout(Duration::from_secs(2));
+        let settler = store.beside().expect("a settler by default");
+        assert_eq!(settler.base.url(), "postgres://x");
+        assert!(settler.base.connector.synchronous_commit);
+        assert_eq!(settler.base.timeout.get(), Duration::from_secs(2));
+        assert!(!settler.listen, "only the relay's own store listens");
+        assert!(settler.beside().is_none(), "no settler of its own");
+        assert!(store.settle_beside(false).beside().is_none());
+    }
 
     #[test]
     fn relay_sessions_commit_asynchronously_unless_asked() {

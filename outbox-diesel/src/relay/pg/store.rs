@@ -19,6 +19,10 @@ use crate::relay::common::{
 };
 
 impl RelayStore for PgRelayStore {
+    fn settler(&mut self) -> Option<Self> {
+        self.beside()
+    }
+
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
         if let ClaimOrder::Stream { dead_letters_block } = claim.order {
             return self

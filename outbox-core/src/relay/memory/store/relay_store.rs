@@ -335,6 +335,13 @@ impl RelayStore for MemoryStore {
         Ok(dead)
     }
 
+    /// A clone: the same rows, as a second connection to one database sees them (so the
+    /// unordered relays of every test on this store settle beside their claims, as on
+    /// PostgreSQL).
+    fn settler(&mut self) -> Option<Self> {
+        Some(self.clone())
+    }
+
     async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         let mut s = self.enter("clean up")?;
         let now = Instant::now();
