@@ -220,19 +220,18 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 }
             }
 
-            // Ordered modes: claim beside the batches in flight (and the one being settled)
-            // only while that finds rows (see `Overlap`); else settle them first.
+            // Ordered modes: claim beside the batches in flight only while that finds rows
+            // (see `Overlap`); else settle them first. (They have no settler: see `run`.)
             let ordered = self.config.mode != Mode::Unordered;
             if ordered
                 && !overlap.allowed()
-                && (!window.is_empty() || self.settling())
+                && !window.is_empty()
                 && let Some(wait) = self.settle_ready(&mut window, 0, &mut broker_outage).await
             {
                 sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
                 continue;
             }
-            let unsettled = window.len() + usize::from(self.settling());
-            let overlapped = ordered && unsettled > 0;
+            let overlapped = ordered && !window.is_empty();
             // Settling may have waited for a publish: look at shutdown again, so that nothing
             // is claimed once it was asked for.
             if asked(&mut shutdown).await {
@@ -247,7 +246,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 // Beside batches in flight: the rows in flight (at most one batch each) and
                 // two batches past them (see `Claim::look_ahead`).
                 look_ahead: overlapped
-                    .then(|| self.config.batch_size.saturating_mul(unsettled + 2)),
+                    .then(|| self.config.batch_size.saturating_mul(window.len() + 2)),
             };
             let claimed = Instant::now();
             let batch = match self.store.claim(&claim).await {

@@ -46,8 +46,8 @@ pub(super) struct Settle<'a, S> {
 }
 
 impl<S: RelayStore> Settle<'_, S> {
-    /// Waits for the publish of `batch`'s outcome `deliveries` to be recorded (see
-    /// [`settle`](Self::settle)), in the batch's span, and times it.
+    /// Records `deliveries`, the outcome of `batch`'s publish ([`settle`](Self::settle)), in
+    /// the batch's span and within its lease, and times it.
     pub(super) async fn batch(
         &mut self,
         batch: InFlight,
@@ -201,8 +201,8 @@ impl<S: RelayStore> Settle<'_, S> {
 
 /// The settler's side (see [`RelayStore::settler`]): one batch at a time is settled there, as
 /// a task of its own, while the relay claims on its own store. The batch settled there is
-/// still leased by the relay until its settle commits, so an ordered claim made meanwhile
-/// holds its aggregates back, as it does those of the batches whose publish is in flight.
+/// still leased by the relay until its settle commits, so no claim made meanwhile takes its
+/// rows.
 pub(super) struct Beside<S> {
     config: Arc<RelayConfig>,
     stats: Arc<RelayStats>,

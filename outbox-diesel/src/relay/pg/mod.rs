@@ -164,20 +164,6 @@ impl PgRelayStore {
         self
     }
 
-    /// The settler: the same database and session settings, no listener, no settler of its
-    /// own; it records no heartbeat (its statements are fenced by the row leases).
-    fn beside(&self) -> Option<Self> {
-        if !self.settle_beside {
-            return None;
-        }
-        let mut store = PgRelayStore::new(self.base.url())
-            .synchronous_commit(self.base.connector.synchronous_commit)
-            .listen(false)
-            .settle_beside(false);
-        store.base.timeout = self.base.timeout;
-        Some(store)
-    }
-
     /// The longest any statement of the store may run, at most (PostgreSQL's
     /// `statement_timeout`). Without it the store takes a third of the relay's lease (10 s
     /// before the first call that carries it); with it, the shorter of the two. The relay
@@ -224,16 +210,17 @@ mod tests {
 
     #[test]
     fn the_settler_is_a_plain_second_session_of_the_same_store() {
-        let store = PgRelayStore::new("postgres://x")
+        use outbox_core::relay::RelayStore;
+        let mut store = PgRelayStore::new("postgres://x")
             .synchronous_commit(true)
             .statement_timeout(Duration::from_secs(2));
-        let settler = store.beside().expect("a settler by default");
+        let mut settler = store.settler().expect("a settler by default");
         assert_eq!(settler.base.url(), "postgres://x");
         assert!(settler.base.connector.synchronous_commit);
         assert_eq!(settler.base.timeout.get(), Duration::from_secs(2));
         assert!(!settler.listen, "only the relay's own store listens");
-        assert!(settler.beside().is_none(), "no settler of its own");
-        assert!(store.settle_beside(false).beside().is_none());
+        assert!(settler.settler().is_none(), "no settler of its own");
+        assert!(store.settle_beside(false).settler().is_none());
     }
 
     #[test]

@@ -19,8 +19,18 @@ use crate::relay::common::{
 };
 
 impl RelayStore for PgRelayStore {
+    /// The same database and session settings, no listener, no settler of its own; it
+    /// records no heartbeat (its statements are fenced by the row leases).
     fn settler(&mut self) -> Option<Self> {
-        self.beside()
+        if !self.settle_beside {
+            return None;
+        }
+        let mut store = PgRelayStore::new(self.base.url())
+            .synchronous_commit(self.base.connector.synchronous_commit)
+            .listen(false)
+            .settle_beside(false);
+        store.base.timeout = self.base.timeout;
+        Some(store)
     }
 
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
