@@ -23,6 +23,17 @@
 //! shard is not claimed until its retry time, and its attempt count lives in the relay (a
 //! restarted relay counts from 1 again).
 //!
+//! A claim reads at least [`PgRelayStore::stream_read_ahead`] rows (1,000 by default) and
+//! keeps those past its batch for the next claims, which hand them out a batch at a time
+//! without a statement while every batch before them was published (or parked) and its
+//! `ADVANCE` moved every position it meant to (each applied to the positions kept with the
+//! rows, so the next batch's `ADVANCE` is fenced on the versions it wrote). Anything else
+//! drops them, and the next claim reads from the positions in the database again: an event
+//! that failed (its shard is held), an outage (the batch comes back), a dead letter or a
+//! malformed row (the aggregate's later events must be parked, which the read did not know),
+//! a fenced position, a release of dead letters, and age (a quarter of the lease: the read's
+//! lease check is that old).
+//!
 //! Retention (the store's `cleanup`, `outbox cleanup`, the relay's `--retention-hours`)
 //! deletes the rows the positions passed once they committed more than the retention ago,
 //! known from the ticks the cleanup records (see `CLEANUP` in `sql.rs`): deletes, so their
@@ -176,6 +187,7 @@ pub const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
 /// one range scan over the xid range of all held shards instead of one a shard (positions
 /// that move together, as one relay's do), or serving the rest of a delta already read
 /// from memory while the positions it was read at are still the ones `ADVANCE` fences on.
+/// The second is built: see the module's notes on reading ahead.
 pub const CANDIDATES: &str = "WITH cand AS ( \
      SELECT c.tid, c.seq, c.shard, count(*) OVER (PARTITION BY c.shard) AS shard_rows \
      FROM unnest($1::smallint[], $2::text[], $3::text[], $4::int8[]) AS p(shard, last_snap, cur_snap, cur_seq) \
@@ -335,8 +347,8 @@ struct Pending {
     /// A release batch: its rows are copies in `outbox_stream_dead_letters`.
     release: bool,
     positions: Vec<PositionRow>,
-    /// Per shard, how many rows its delta offered (at most the batch size + 1), for the
-    /// shards with a row in the batch.
+    /// Per shard, how many rows its delta offered (at most the read + 1, less the rows of the
+    /// read handed out in earlier batches), for the shards with a row in the batch.
     offered: HashMap<i16, i64>,
     /// The claim returned a whole batch: the shards with no row in it may have rows past
     /// it, so their positions stay.
@@ -346,9 +358,39 @@ struct Pending {
     outcomes: HashMap<i64, Outcome>,
 }
 
+/// How many rows a stream claim reads at least, by default
+/// ([`PgRelayStore::stream_read_ahead`]).
+const READ_AHEAD: usize = 1_000;
+
+/// A row read ahead: its seq and shard, and its message, or what became of it at once
+/// (parked, malformed).
+struct AheadRow {
+    seq: i64,
+    shard: i16,
+    row: Result<OutboxMessage, Outcome>,
+}
+
+/// The rows of a read (`CANDIDATES`) not yet handed out, with what advances their shards'
+/// positions: the positions as they are in the database once every batch handed out so far
+/// is settled (each `ADVANCE` applied to them), and the read's counts.
+struct Ahead {
+    positions: Vec<PositionRow>,
+    /// Per shard, the rows its delta offers past the batches handed out (the read's
+    /// `shard_rows`, less those), so that the batch with a shard's last row exhausts it.
+    offered: HashMap<i16, i64>,
+    /// The read was full: shards with no row in it may have rows past it.
+    full: bool,
+    rows: std::collections::VecDeque<AheadRow>,
+    read_at: Instant,
+}
+
 /// Stream mode's state in the store (in memory: the database holds only the positions).
 #[derive(Default)]
 pub(super) struct StreamState {
+    /// Rows a claim reads at least.
+    pub(super) read_ahead: usize,
+    /// Rows read past the batch in flight, for the next claims (see `claim_stream_round`).
+    ahead: Option<Ahead>,
     pending: Option<Pending>,
     /// Shards not to claim before then (a failed event waits for its retry).
     holds: HashMap<i16, Instant>,
@@ -360,6 +402,13 @@ pub(super) struct StreamState {
 }
 
 impl StreamState {
+    pub(super) fn new() -> Self {
+        StreamState {
+            read_ahead: READ_AHEAD,
+            ..StreamState::default()
+        }
+    }
+
     /// Whether a stream batch is in flight (so `complete`, `fail` and `release` are its).
     pub(super) fn in_flight(&self) -> bool {
         self.pending.is_some()
@@ -469,6 +518,7 @@ impl PgRelayStore {
             // The engine claims only after the batch in flight settled; one left means its
             // settle gave up (the database was away past the lease): its rows come again.
             tracing::warn!("stream batch was not settled; its rows will be published again");
+            self.stream.ahead = None;
         }
         if self
             .stream
@@ -477,6 +527,8 @@ impl PgRelayStore {
         {
             let batch = self.claim_release(relay, limit, lease).await?;
             if !batch.is_empty() {
+                // The rows read ahead were parked behind what this releases: read again.
+                self.stream.ahead = None;
                 self.stream.next_release_check = None;
                 return Ok(batch);
             }
@@ -498,7 +550,12 @@ impl PgRelayStore {
         Ok(Vec::new())
     }
 
-    /// One claim: `None` when it found nothing to publish but moved positions on.
+    /// One claim: `None` when it found nothing to publish but moved positions on. The batch is
+    /// the next `limit` rows read ahead by an earlier claim, if there are any and they were
+    /// read less than a quarter of the lease ago (the positions they were read at are then
+    /// still this relay's: each batch's `ADVANCE` is fenced by the shard leases and by the
+    /// versions, and one fenced drops them); else the first `limit` of a new read of at least
+    /// `read_ahead` rows, whose rest is kept.
     async fn claim_stream_round(
         &mut self,
         relay: &str,
@@ -508,76 +565,57 @@ impl PgRelayStore {
     ) -> Result<Option<Vec<OutboxMessage>>, StoreError> {
         let now = Instant::now();
         self.stream.holds.retain(|_, until| *until > now);
-        let conn = self.base.guarded("claim", lease).await?;
-        let r = Prepared(
-            diesel::sql_query(POSITIONS)
-                .bind::<Text, _>(relay)
-                .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX)),
-        )
-        .load::<PositionRow>(conn)
-        .await;
-        let mut positions = self.base.check("claim", r)?;
-        positions.retain(|p| !self.stream.holds.contains_key(&p.shard));
-        if positions.is_empty() {
-            return Ok(Some(Vec::new()));
-        }
-        let bounded = positions.iter().any(|p| p.bounded);
-        let shards: Vec<i16> = positions.iter().map(|p| p.shard).collect();
-        let lasts: Vec<&str> = positions.iter().map(|p| p.last_snap.as_str()).collect();
-        let curs: Vec<&str> = positions.iter().map(|p| p.cur_snap.as_str()).collect();
-        let cursors: Vec<i64> = positions.iter().map(|p| p.cur_seq).collect();
-        let batch = i64::try_from(limit).unwrap_or(i64::MAX - 1);
-        let conn = self.base.conn().await?;
-        let r = Prepared(
-            diesel::sql_query(CANDIDATES)
-                .bind::<Array<SmallInt>, _>(&shards)
-                .bind::<Array<Text>, _>(&lasts)
-                .bind::<Array<Text>, _>(&curs)
-                .bind::<Array<BigInt>, _>(&cursors)
-                .bind::<BigInt, _>(batch)
-                .bind::<Bool, _>(dead_letters_block),
-        )
-        .load::<CandidateRow>(conn)
-        .await;
-        let candidates = self.base.check("claim", r)?;
-        let full = candidates.len() >= limit;
-
-        let mut offered = HashMap::new();
-        let mut rows = Vec::new();
-        let mut messages = Vec::new();
-        let mut outcomes = HashMap::new();
-        for c in candidates {
-            offered.insert(c.stream_shard, c.shard_rows);
-            let seq = c.columns.seq;
-            rows.push((seq, c.stream_shard));
-            if let Some(behind) = c.parked_behind {
-                outcomes.insert(seq, Outcome::Parked(behind));
-                continue;
+        let kept = self
+            .stream
+            .ahead
+            .take()
+            .filter(|a| a.rows.len() >= limit && a.read_at.elapsed() < lease / 4);
+        let (mut ahead, bounded) = match kept {
+            Some(ahead) => (ahead, false),
+            None => {
+                // Whole batches: a short one tells the engine the outbox is drained.
+                let batches = self.stream.read_ahead.div_ceil(limit.max(1)).max(1);
+                let read = limit.saturating_mul(batches);
+                match self
+                    .read_delta(relay, read, limit, lease, dead_letters_block)
+                    .await?
+                {
+                    Some(read) => read,
+                    None => return Ok(Some(Vec::new())),
+                }
             }
-            match c.columns.into_message(Ok(c.id), c.created_at) {
-                Ok(mut m) => {
-                    m.attempts += self.stream.attempts.get(&m.seq).copied().unwrap_or(0) + 1;
-                    messages.push(m);
+        };
+        let take = limit.min(ahead.rows.len());
+        let mut rows = Vec::with_capacity(take);
+        let mut messages = Vec::with_capacity(take);
+        let mut outcomes = HashMap::new();
+        for r in ahead.rows.drain(..take) {
+            rows.push((r.seq, r.shard));
+            match r.row {
+                Ok(m) => messages.push(m),
+                Err(outcome) => {
+                    outcomes.insert(r.seq, outcome);
                 }
-                Err(bad) => {
-                    // The table's checks refuse such rows; one from before them is a dead
-                    // letter at once, as in the lease modes.
-                    tracing::error!(
-                        seq, error = %bad.failure.error,
-                        "stream: malformed event dead-lettered"
-                    );
-                    outcomes.insert(seq, Outcome::Malformed(bad.failure.error));
-                }
+            }
+        }
+        // What the delta offers from this batch on: the rows handed out before were passed.
+        let offered = ahead.offered.clone();
+        for (_, shard) in &rows {
+            if let Some(n) = ahead.offered.get_mut(shard) {
+                *n -= 1;
             }
         }
         let pending = Pending {
             release: false,
-            positions,
+            positions: ahead.positions.clone(),
             offered,
-            full,
+            full: ahead.full || !ahead.rows.is_empty(),
             rows,
             outcomes,
         };
+        if !ahead.rows.is_empty() {
+            self.stream.ahead = Some(ahead);
+        }
         if messages.is_empty() {
             if bounded || !pending.outcomes.is_empty() {
                 self.advance(relay, &pending).await?;
@@ -596,6 +634,100 @@ impl PgRelayStore {
         }
         self.stream.pending = Some(pending);
         Ok(Some(messages))
+    }
+
+    /// Reads the next `read` rows (at least the batch, `limit`) of the held shards' deltas
+    /// (`POSITIONS`, then `CANDIDATES`), and whether a delta's end is a bound; `None` if the
+    /// relay holds no shard it may claim.
+    async fn read_delta(
+        &mut self,
+        relay: &str,
+        read: usize,
+        limit: usize,
+        lease: Duration,
+        dead_letters_block: bool,
+    ) -> Result<Option<(Ahead, bool)>, StoreError> {
+        // Reading ahead, the deltas are bounded at twice the read, so that a read is full (its
+        // batches whole) however the bounds of the shards fall: read 1,000 at batch 100 with
+        // deltas bounded at 1,000 rows, reads came back with 268 and 732 rows once the shards'
+        // positions had parted, and each short batch made the relay wait for its poll interval.
+        // A read of one batch keeps the bound at the batch: at batch 1,000 twice that made
+        // each read scan the other half of its deltas again (one relay, 0.9x).
+        let bound = if read > limit {
+            read.saturating_mul(2)
+        } else {
+            read
+        };
+        let conn = self.base.guarded("claim", lease).await?;
+        let r = Prepared(
+            diesel::sql_query(POSITIONS)
+                .bind::<Text, _>(relay)
+                .bind::<BigInt, _>(i64::try_from(bound).unwrap_or(i64::MAX)),
+        )
+        .load::<PositionRow>(conn)
+        .await;
+        let mut positions = self.base.check("claim", r)?;
+        positions.retain(|p| !self.stream.holds.contains_key(&p.shard));
+        if positions.is_empty() {
+            return Ok(None);
+        }
+        let read_at = Instant::now();
+        let bounded = positions.iter().any(|p| p.bounded);
+        let shards: Vec<i16> = positions.iter().map(|p| p.shard).collect();
+        let lasts: Vec<&str> = positions.iter().map(|p| p.last_snap.as_str()).collect();
+        let curs: Vec<&str> = positions.iter().map(|p| p.cur_snap.as_str()).collect();
+        let cursors: Vec<i64> = positions.iter().map(|p| p.cur_seq).collect();
+        let batch = i64::try_from(read).unwrap_or(i64::MAX - 1);
+        let conn = self.base.conn().await?;
+        let r = Prepared(
+            diesel::sql_query(CANDIDATES)
+                .bind::<Array<SmallInt>, _>(&shards)
+                .bind::<Array<Text>, _>(&lasts)
+                .bind::<Array<Text>, _>(&curs)
+                .bind::<Array<BigInt>, _>(&cursors)
+                .bind::<BigInt, _>(batch)
+                .bind::<Bool, _>(dead_letters_block),
+        )
+        .load::<CandidateRow>(conn)
+        .await;
+        let candidates = self.base.check("claim", r)?;
+        let full = candidates.len() >= read;
+
+        let mut offered = HashMap::new();
+        let mut rows = std::collections::VecDeque::with_capacity(candidates.len());
+        for c in candidates {
+            offered.insert(c.stream_shard, c.shard_rows);
+            let seq = c.columns.seq;
+            let shard = c.stream_shard;
+            let row = if let Some(behind) = c.parked_behind {
+                Err(Outcome::Parked(behind))
+            } else {
+                match c.columns.into_message(Ok(c.id), c.created_at) {
+                    Ok(mut m) => {
+                        m.attempts += self.stream.attempts.get(&m.seq).copied().unwrap_or(0) + 1;
+                        Ok(m)
+                    }
+                    Err(bad) => {
+                        // The table's checks refuse such rows; one from before them is a dead
+                        // letter at once, as in the lease modes.
+                        tracing::error!(
+                            seq, error = %bad.failure.error,
+                            "stream: malformed event dead-lettered"
+                        );
+                        Err(Outcome::Malformed(bad.failure.error))
+                    }
+                }
+            };
+            rows.push_back(AheadRow { seq, shard, row });
+        }
+        let ahead = Ahead {
+            positions,
+            offered,
+            full,
+            rows,
+            read_at,
+        };
+        Ok(Some((ahead, bounded)))
     }
 
     /// A release batch (see the module docs): the copies of the aggregates due, in `seq`
@@ -741,6 +873,7 @@ impl PgRelayStore {
     async fn advance(&mut self, relay: &str, p: &Pending) -> Result<bool, StoreError> {
         let next = advanced(p);
         if next.is_empty() {
+            self.keep_ahead(p, &next, true);
             return Ok(false);
         }
         let mut dead = DeadRows::default();
@@ -779,7 +912,35 @@ impl PgRelayStore {
                 "stream positions not advanced: their shards moved to another relay"
             );
         }
+        self.keep_ahead(p, &next, written == next.len());
         Ok(written < next.len())
+    }
+
+    /// After `ADVANCE` wrote `next` for batch `p` (`all`: every position of it), the rows
+    /// read ahead either follow (their positions are now `next`, one version on) or are
+    /// dropped: when a position was fenced, or when an event of `p` was not published nor
+    /// parked (a failure holds its shard, an outage hands the batch back, and a new dead
+    /// letter must park its aggregate's later events, which the read did not know of).
+    fn keep_ahead(&mut self, p: &Pending, next: &[Advance], all: bool) {
+        let Some(ahead) = self.stream.ahead.as_mut() else {
+            return;
+        };
+        let clean = p
+            .outcomes
+            .values()
+            .all(|o| matches!(o, Outcome::Published | Outcome::Parked(_)));
+        if !(all && clean) {
+            self.stream.ahead = None;
+            return;
+        }
+        for a in next {
+            if let Some(pos) = ahead.positions.iter_mut().find(|q| q.shard == a.next.shard) {
+                *pos = PositionRow {
+                    version: a.next.version + 1,
+                    ..a.next.clone()
+                };
+            }
+        }
     }
 
     /// Settles a release batch: deletes the copies published, makes those that failed for
