@@ -231,7 +231,11 @@ fn main() {
         .enumerate()
         .map(|(i, (name, at))| {
             let end = took.get(i + 1).map_or(ended, |next| next.1);
-            format!("{name} {:.0} s", (end - *at).as_secs_f64())
+            let build = match (*name, peers::BUILD_SECS.get()) {
+                ("peers", Some(b)) => format!(" (of which {b:.0} s building outbox-bench/peers)"),
+                _ => String::new(),
+            };
+            format!("{name} {:.0} s{build}", (end - *at).as_secs_f64())
         })
         .collect();
     drop(ctx);
