@@ -460,7 +460,21 @@ async fn stream_mode_is_refused_where_it_is_not_built() {
 /// attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_failure_holds_the_position_and_outage_counts_no_attempt() {
-    let db = Postgres::database("stream_fail");
+    failure_holds_the_position(100).await;
+}
+
+/// The same with batches of 4 handed out from rows read ahead: x5 is in the third, and the
+/// outages and failures drop the rows read past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_read_ahead_failure_holds_the_position_and_outage_counts_no_attempt() {
+    failure_holds_the_position(4).await;
+}
+
+/// x5 (of 20 events of x among 20 others) is unavailable twice (an outage: no attempt), then
+/// refused twice (attempts 1 and 2, with the backoff between), then published at attempt 3;
+/// everything is published once in per-aggregate order.
+async fn failure_holds_the_position(batch_size: usize) {
+    let db = Postgres::database(&format!("stream_fail_{batch_size}"));
     let broker = Arc::new(MemoryBroker::new());
     let seen: Arc<Mutex<Vec<(&'static str, i32)>>> = Arc::default();
     let is_x5 = |m: &OutboxMessage| m.aggregate_id == "x" && m.payload.contains("\"n\": 5");
@@ -512,6 +526,7 @@ async fn stream_failure_holds_the_position_and_outage_counts_no_attempt() {
             multiplier: 2.0,
             jitter: 0.0,
         },
+        batch_size,
         ..stream_config()
     };
     let (stop, handle, _) = start_with(&db, &broker, config);
