@@ -774,7 +774,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
          the three can add up to over 100 %; the rest is waiting and coordination). In leader \
          mode one relay works and the others stand by, so its drains are compared with the \
          one-worker ceiling whatever their number of relays. Stream mode (PostgreSQL's \
-         snapshot positions, no row updated) has one batch in flight, reads at least 1,000 \
+         snapshot positions, no row updated) has one batch in flight, reads at least 3,000 \
          rows a claim and hands the rest out to the next claims from memory \
          (`PgRelayStore::stream_read_ahead`), and its \"mark\" is the update of its shards' \
          positions; the backlog is written 1,000 events \

@@ -142,6 +142,11 @@ struct RelayArgs {
     /// which publishes those events again (never loses one, never breaks order).
     #[arg(long, env = "OUTBOX_SYNCHRONOUS_COMMIT")]
     synchronous_commit: bool,
+    /// PostgreSQL, stream mode: rows a claim reads at least; the rows past its batch are held
+    /// in memory (with their payloads) and handed out by the next claims. 0 reads one batch
+    /// a claim.
+    #[arg(long, env = "OUTBOX_STREAM_READ_AHEAD", default_value_t = outbox::relay::PG_STREAM_READ_AHEAD as u64)]
+    stream_read_ahead: u64,
     /// Do not watch relays' database sessions (replace a dead relay only when its lease runs
     /// out). Needed behind a transaction pooler (e.g. PgBouncer in transaction mode), where a
     /// server session does not belong to one relay.
@@ -414,7 +419,8 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
             // The store keeps its statement timeout below a third of the relay's lease.
             let store = PgRelayStore::new(url)
                 .listen(!args.no_listen)
-                .synchronous_commit(args.synchronous_commit);
+                .synchronous_commit(args.synchronous_commit)
+                .stream_read_ahead(args.stream_read_ahead as usize);
             run(store, publisher, config, serve).await
         }
         Backend::Mysql => run(MysqlRelayStore::new(url), publisher, config, serve).await,

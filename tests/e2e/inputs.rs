@@ -124,6 +124,12 @@ fn bad_numbers_are_refused_naming_flag_and_variable() {
             "--batch-size / OUTBOX_BATCH_SIZE must be between 1 and 10000, got 0",
         ),
         (
+            "--stream-read-ahead",
+            "OUTBOX_STREAM_READ_AHEAD",
+            "100001",
+            "--stream-read-ahead / OUTBOX_STREAM_READ_AHEAD must be between 0 and 100000 rows, got 100001",
+        ),
+        (
             "--max-in-flight",
             "OUTBOX_MAX_IN_FLIGHT",
             "65",

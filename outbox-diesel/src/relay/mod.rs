@@ -29,6 +29,11 @@ pub use mysql::MysqlRelayStore;
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use pg::PgRelayStore;
+/// How many rows a stream-mode claim reads at least by default
+/// ([`PgRelayStore::stream_read_ahead`]).
+#[cfg(feature = "postgres_backend")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use pg::stream::READ_AHEAD as PG_STREAM_READ_AHEAD;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteRelayStore;

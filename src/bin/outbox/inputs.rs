@@ -40,6 +40,13 @@ pub(crate) fn check_relay_args(args: &RelayArgs) -> Result<(), Fatal> {
         "",
     )?;
     in_range(
+        "--stream-read-ahead / OUTBOX_STREAM_READ_AHEAD",
+        args.stream_read_ahead,
+        0,
+        100_000,
+        " rows",
+    )?;
+    in_range(
         "--max-in-flight / OUTBOX_MAX_IN_FLIGHT",
         args.max_in_flight as u64,
         1,

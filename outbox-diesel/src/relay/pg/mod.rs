@@ -164,8 +164,10 @@ impl PgRelayStore {
         self
     }
 
-    /// Stream mode: how many rows a claim reads at least (default 1,000; at most the batch
-    /// size reads one batch a claim). The rows past the batch are held in memory and handed
+    /// Stream mode: how many rows a claim reads at least (default
+    /// [`PG_STREAM_READ_AHEAD`](crate::relay::PG_STREAM_READ_AHEAD), 3,000; at most the batch
+    /// size reads one batch a claim). The relay holds up to that many rows in memory, with
+    /// their payloads: lower it where payloads are large. The rows past the batch are held in memory and handed
     /// out, a batch at a time, by the next claims, which then run no statement: a stream
     /// claim costs about as much for 100 rows as for 1,000 (its price is one index descent
     /// per held shard, and a delta that one writer's transaction spread over every shard is

@@ -23,7 +23,7 @@
 //! shard is not claimed until its retry time, and its attempt count lives in the relay (a
 //! restarted relay counts from 1 again).
 //!
-//! A claim reads at least [`PgRelayStore::stream_read_ahead`] rows (1,000 by default) and
+//! A claim reads at least [`PgRelayStore::stream_read_ahead`] rows (3,000 by default) and
 //! keeps those past its batch for the next claims, which hand them out a batch at a time
 //! without a statement while every batch before them was published (or parked) and its
 //! `ADVANCE` moved every position it meant to (each applied to the positions kept with the
@@ -360,7 +360,7 @@ struct Pending {
 
 /// How many rows a stream claim reads at least, by default
 /// ([`PgRelayStore::stream_read_ahead`]).
-const READ_AHEAD: usize = 1_000;
+pub const READ_AHEAD: usize = 3_000;
 
 /// A row read ahead: its seq and shard, and its message, or what became of it at once
 /// (parked, malformed).
