@@ -596,6 +596,44 @@ async fn wait_for(secs: u64, mut done: impl FnMut() -> bool) -> bool {
     true
 }
 
+/// The stream config of the dead-letter tests: refused twice, an event is a dead letter;
+/// retries after 50, then 100 ms.
+fn dead_letter_config(batch_size: usize) -> RelayConfig {
+    RelayConfig {
+        batch_size,
+        max_attempts: 2,
+        backoff: Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(100),
+            multiplier: 2.0,
+            jitter: 0.0,
+        },
+        ..stream_config()
+    }
+}
+
+/// The numbers `n` of aggregate `agg`'s records, in publish order.
+fn numbers_of(records: &[(String, i64)], agg: &str) -> Vec<i64> {
+    records
+        .iter()
+        .filter(|(a, _)| a == agg)
+        .map(|(_, n)| *n)
+        .collect()
+}
+
+/// `dead` is `agg`'s event `n` as a dead letter after 2 attempts, then its next events
+/// parked behind it, in order.
+fn assert_dead_then_parked(dead: &[(String, i64, i32, bool)], agg: &str, n: i64) {
+    assert_eq!(dead[0], (agg.to_owned(), n, 2, false), "{dead:?}");
+    assert!(
+        dead[1..]
+            .iter()
+            .zip(n + 1..)
+            .all(|(d, k)| *d == (agg.to_owned(), k, 0, true)),
+        "{dead:?}"
+    );
+}
+
 /// An event refused past `max_attempts` becomes a dead letter (a copy in
 /// `outbox_stream_dead_letters`) and its shard's position moves on: the other aggregates go on,
 /// and the later events of its aggregate, also one written afterwards, are parked beside it
@@ -621,24 +659,8 @@ async fn stream_dead_letter_parks_its_aggregate_until_retried_or_purged() {
         insert(&mut conn, "x", n);
         insert(&mut conn, &format!("y{n}"), 1);
     }
-    let config = RelayConfig {
-        max_attempts: 2,
-        backoff: Backoff {
-            initial: Duration::from_millis(50),
-            max: Duration::from_millis(100),
-            multiplier: 2.0,
-            jitter: 0.0,
-        },
-        ..stream_config()
-    };
-    let (stop, handle, _) = start_with(&db, &broker, config);
-    let x = |records: &[(String, i64)]| -> Vec<i64> {
-        records
-            .iter()
-            .filter(|(a, _)| a == "x")
-            .map(|(_, n)| *n)
-            .collect()
-    };
+    let (stop, handle, _) = start_with(&db, &broker, dead_letter_config(100));
+    let x = |records: &[(String, i64)]| numbers_of(records, "x");
 
     // x3 is refused twice: a dead letter; x4..x10 parked; the y's all published.
     assert!(
@@ -650,15 +672,7 @@ async fn stream_dead_letter_parks_its_aggregate_until_retried_or_purged() {
         stream_dead_letters(&db),
         delivered(&broker)
     );
-    let dead = stream_dead_letters(&db);
-    assert_eq!(dead[0], ("x".to_owned(), 3, 2, false), "{dead:?}");
-    assert!(
-        dead[1..]
-            .iter()
-            .zip(4..)
-            .all(|(d, n)| *d == ("x".to_owned(), n, 0, true)),
-        "{dead:?}"
-    );
+    assert_dead_then_parked(&stream_dead_letters(&db), "x", 3);
     // A new event of the parked aggregate is parked too.
     insert(&mut conn, "x", 11);
     assert!(wait_for(10, || stream_dead_letters(&db).len() == 9).await);
@@ -698,13 +712,7 @@ async fn stream_dead_letter_parks_its_aggregate_until_retried_or_purged() {
         &mut conn,
         "DELETE FROM outbox_stream_dead_letters WHERE parked_behind IS NULL",
     );
-    let z = |records: &[(String, i64)]| -> Vec<i64> {
-        records
-            .iter()
-            .filter(|(a, _)| a == "z")
-            .map(|(_, n)| *n)
-            .collect()
-    };
+    let z = |records: &[(String, i64)]| numbers_of(records, "z");
     assert!(wait_for(10, || z(&delivered(&broker)).len() >= 2).await);
     stop.send(()).unwrap();
     handle.await.unwrap();
@@ -792,18 +800,7 @@ async fn stream_read_ahead_follows_failures_and_dead_letters() {
         insert(&mut conn, "x", n);
         insert(&mut conn, &format!("y{n}"), 1);
     }
-    let config = RelayConfig {
-        batch_size: 3,
-        max_attempts: 2,
-        backoff: Backoff {
-            initial: Duration::from_millis(50),
-            max: Duration::from_millis(100),
-            multiplier: 2.0,
-            jitter: 0.0,
-        },
-        ..stream_config()
-    };
-    let (stop, handle, _) = start_with(&db, &broker, config);
+    let (stop, handle, _) = start_with(&db, &broker, dead_letter_config(3));
     assert!(
         wait_for(15, || stream_dead_letters(&db).len() == 10
             && delivered(&broker).iter().filter(|(a, _)| a != "x").count()
@@ -816,25 +813,12 @@ async fn stream_read_ahead_follows_failures_and_dead_letters() {
     stop.send(()).unwrap();
     handle.await.unwrap();
     let records = delivered(&broker);
-    let x: Vec<i64> = records
-        .iter()
-        .filter(|(a, _)| a == "x")
-        .map(|(_, n)| *n)
-        .collect();
-    assert_eq!(x, [1, 2, 3, 4, 5], "{records:?}");
+    assert_eq!(numbers_of(&records, "x"), [1, 2, 3, 4, 5], "{records:?}");
     assert!(out_of_order(&records).is_empty(), "{records:?}");
     let unique: HashSet<_> = records.iter().collect();
     assert_eq!(unique.len(), records.len(), "no event twice: {records:?}");
     assert_eq!(records.len(), 20, "{records:?}");
-    let dead = stream_dead_letters(&db);
-    assert_eq!(dead[0], ("x".to_owned(), 6, 2, false), "{dead:?}");
-    assert!(
-        dead[1..]
-            .iter()
-            .zip(7..)
-            .all(|(d, n)| *d == ("x".to_owned(), n, 0, true)),
-        "{dead:?}"
-    );
+    assert_dead_then_parked(&stream_dead_letters(&db), "x", 6);
 }
 
 /// A delta larger than a batch, spread over every shard (transactions of 1,000 events over

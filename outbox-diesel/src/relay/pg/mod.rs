@@ -166,17 +166,16 @@ impl PgRelayStore {
 
     /// Stream mode: how many rows a claim reads at least (default
     /// [`PG_STREAM_READ_AHEAD`](crate::relay::PG_STREAM_READ_AHEAD), 3,000; at most the batch
-    /// size reads one batch a claim). The relay holds up to that many rows in memory, with
-    /// their payloads: lower it where payloads are large. The rows past the batch are held in memory and handed
-    /// out, a batch at a time, by the next claims, which then run no statement: a stream
-    /// claim costs about as much for 100 rows as for 1,000 (its price is one index descent
-    /// per held shard, and a delta that one writer's transaction spread over every shard is
-    /// read whole by each claim), so reading ahead makes small batches cost what large ones
-    /// do. The positions still
-    /// advance once per batch, fenced as ever; rows read ahead are dropped, and read again
-    /// from the positions, once a batch has an event that was not published (a failure, a
-    /// dead letter, an outage), when dead letters are released, and once they were read a
-    /// quarter of the lease ago.
+    /// size, such as 0, reads one batch a claim). The rows past the batch are held in memory,
+    /// with their payloads (lower it where payloads are large), and handed out a batch at a
+    /// time by the next claims, which run no statement. A stream claim costs about as much
+    /// for 100 rows as for 1,000 (one index descent per held shard, and a delta that one
+    /// writer's transaction spread over every shard is read whole by each claim), so reading
+    /// ahead makes small batches cost what large ones do. The positions still advance once
+    /// per batch, fenced as ever. The rows read ahead are dropped, and read again from the
+    /// positions, once a batch has an event that was not published (a failure, a dead letter,
+    /// an outage), when dead letters are released, and once they were read a quarter of the
+    /// lease ago.
     ///
     /// ```no_run
     /// # use outbox_diesel::relay::PgRelayStore;
