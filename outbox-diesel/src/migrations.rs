@@ -49,6 +49,7 @@ pub(crate) const POSTGRES: &[Migration] = embed!("postgres":
     "20261201000002" _ "stream_positions",
     "20261202000001" _ "stream_dead_letters",
     "20261202000002" _ "stream_retention",
+    "20261202000003" _ "stream_partitions",
 );
 #[cfg(feature = "mysql_backend")]
 pub(crate) const MYSQL: &[Migration] = embed!("mysql":

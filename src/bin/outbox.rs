@@ -7,6 +7,7 @@
 //! outbox dead list|retry|purge --aggregate-type order --aggregate-id 42 [--yes]
 //! outbox replay  --from-seq 100 --to-seq 200 --yes
 //! outbox cleanup --older-than 30d --yes
+//! outbox partition --slots 4 --slot-xids 10000000 --yes
 //! ```
 //! Every flag can also come from the environment (`DATABASE_URL`, `KAFKA_BROKERS`,
 //! `OUTBOX_MODE`, ...: see `outbox relay --help`). The URL's scheme picks the backend:
@@ -72,6 +73,9 @@ enum Command {
     Replay(ops::ReplayArgs),
     /// Delete published events older than a retention window, in bounded batches.
     Cleanup(ops::CleanupArgs),
+    /// PostgreSQL, stream mode: turn the event table into a ring of partitions that
+    /// retention empties with TRUNCATE (no DELETE, no dead tuples, no VACUUM).
+    Partition(ops::PartitionArgs),
 }
 
 #[derive(clap::Args)]
@@ -516,6 +520,7 @@ fn main() -> ExitCode {
             }
             Command::Replay(args) => ops::replay(args).await,
             Command::Cleanup(args) => ops::cleanup(args).await,
+            Command::Partition(args) => ops::partition(args).await,
         }
     });
     match result {

@@ -292,6 +292,70 @@ fn admin_commands_on_postgres() {
     );
 }
 
+/// `outbox partition`: nothing without `--yes`; with it the ten events are copied into the
+/// ring and the admin commands work on it as before; a second run, a slot count out of range
+/// and an SQLite database are refused, each naming why.
+#[test]
+fn partition_command_on_postgres() {
+    let db = TestDatabase::postgres("ops_partition");
+    let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
+    ten_events!(conn);
+    let url = db.url.as_str();
+    let partitions = || {
+        #[derive(diesel::QueryableByName)]
+        struct N {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_inherits WHERE inhparent = 'outbox_events'::regclass",
+        )
+        .get_result::<N>(&mut diesel::PgConnection::establish(url).unwrap())
+        .unwrap()
+        .n
+    };
+    run(2, &["partition", "--database-url", url]);
+    assert_eq!(partitions(), 0);
+    let out = outbox(&["partition", "--slots", "65", "--yes", "--database-url", url]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("slots must be between 2 and 64, got 65"),
+        "{err}"
+    );
+    let said = run(
+        0,
+        &[
+            "partition",
+            "--slots",
+            "3",
+            "--slot-xids",
+            "1000",
+            "--yes",
+            "--database-url",
+            url,
+        ],
+    );
+    assert!(
+        said.contains("3 partitions of 1000 transaction ids each (10 rows copied)"),
+        "{said}"
+    );
+    assert_eq!(partitions(), 3);
+    assert_eq!(status(url)["pending"], 10);
+    let out = outbox(&["partition", "--yes", "--database-url", url]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("already partitioned"), "{err}");
+
+    let sqlite = TestDatabase::sqlite("ops_partition");
+    let mut conn = diesel::SqliteConnection::establish(&sqlite.url).unwrap();
+    ten_events!(conn);
+    let out = outbox(&["partition", "--yes", "--database-url", &sqlite.url]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("on PostgreSQL only"), "{err}");
+}
+
 fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {

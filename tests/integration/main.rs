@@ -26,6 +26,13 @@ sync_suite!(
     diesel::PgConnection,
     crate::support::TestDatabase::postgres
 );
+// The write API on a table partitioned for stream mode's retention (`outbox partition`).
+#[cfg(feature = "postgres")]
+sync_suite!(
+    postgres_partitioned,
+    diesel::PgConnection,
+    crate::support::TestDatabase::postgres_partitioned
+);
 #[cfg(feature = "mysql")]
 sync_suite!(
     mysql,
@@ -44,6 +51,12 @@ async_suite!(
     async_postgres,
     diesel_async::AsyncPgConnection,
     crate::support::TestDatabase::postgres
+);
+#[cfg(all(feature = "async", feature = "postgres"))]
+async_suite!(
+    async_postgres_partitioned,
+    diesel_async::AsyncPgConnection,
+    crate::support::TestDatabase::postgres_partitioned
 );
 #[cfg(all(feature = "async", feature = "mysql"))]
 async_suite!(

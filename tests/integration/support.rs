@@ -78,6 +78,20 @@ impl TestDatabase {
         db
     }
 
+    /// [`TestDatabase::postgres`] with `outbox_events` partitioned into a ring of 4 slots of
+    /// 1,000 transaction ids (`outbox_partition_events`, as `outbox partition` runs it).
+    #[cfg(feature = "postgres")]
+    #[allow(dead_code)]
+    pub fn postgres_partitioned(label: &str) -> Self {
+        use diesel::{Connection, RunQueryDsl};
+        let db = Self::postgres(label);
+        let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
+        diesel::sql_query("SELECT outbox_partition_events(4, 1000)")
+            .execute(&mut conn)
+            .unwrap();
+        db
+    }
+
     #[cfg(feature = "mysql")]
     pub fn mysql(label: &str) -> Self {
         use diesel::{Connection, RunQueryDsl};

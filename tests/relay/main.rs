@@ -26,3 +26,5 @@ mod sqlite;
 mod stream;
 #[cfg(feature = "postgres")]
 mod stream_admin;
+#[cfg(feature = "postgres")]
+mod stream_partitions;

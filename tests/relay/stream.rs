@@ -13,7 +13,7 @@ use outbox::relay::*;
 use crate::backends::{Backend, Contract, Postgres};
 use crate::support::*;
 
-fn stream_config() -> RelayConfig {
+pub(crate) fn stream_config() -> RelayConfig {
     RelayConfig {
         relay_id: default_relay_id(),
         mode: Mode::Stream,
@@ -28,7 +28,7 @@ fn stream_config() -> RelayConfig {
 
 /// Inserts one event of aggregate `agg`: its payload names the aggregate and its number `n`
 /// (1, 2, … per aggregate, in commit order).
-fn insert(conn: &mut PgConnection, agg: &str, n: i64) {
+pub(crate) fn insert(conn: &mut PgConnection, agg: &str, n: i64) {
     diesel::sql_query(format!(
         "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, event_version, payload) \
          VALUES ('order', '{agg}', 'E', 1, jsonb_build_object('agg', '{agg}', 'n', {n}))"
@@ -37,12 +37,12 @@ fn insert(conn: &mut PgConnection, agg: &str, n: i64) {
     .unwrap();
 }
 
-fn exec(conn: &mut PgConnection, sql: &str) {
+pub(crate) fn exec(conn: &mut PgConnection, sql: &str) {
     diesel::sql_query(sql).execute(conn).unwrap();
 }
 
 /// (aggregate, n) of each record published, in publish order.
-fn delivered(broker: &MemoryBroker) -> Vec<(String, i64)> {
+pub(crate) fn delivered(broker: &MemoryBroker) -> Vec<(String, i64)> {
     broker
         .records("order")
         .iter()
@@ -59,7 +59,7 @@ fn delivered(broker: &MemoryBroker) -> Vec<(String, i64)> {
 /// The events delivered out of their aggregate's order: an event whose first delivery comes
 /// after the first delivery of a later event of its aggregate (redeliveries, at least once,
 /// are not out of order).
-fn out_of_order(records: &[(String, i64)]) -> Vec<(String, i64)> {
+pub(crate) fn out_of_order(records: &[(String, i64)]) -> Vec<(String, i64)> {
     let mut max: HashMap<&str, i64> = HashMap::new();
     let mut seen: HashSet<(&str, i64)> = HashSet::new();
     let mut bad = Vec::new();
@@ -76,16 +76,20 @@ fn out_of_order(records: &[(String, i64)]) -> Vec<(String, i64)> {
     bad
 }
 
-type Stop = tokio::sync::oneshot::Sender<()>;
+pub(crate) type Stop = tokio::sync::oneshot::Sender<()>;
 
-type Started = (Stop, tokio::task::JoinHandle<()>, Arc<RelayStats>);
+pub(crate) type Started = (Stop, tokio::task::JoinHandle<()>, Arc<RelayStats>);
 
 fn start(db: &TestDatabase, broker: &Arc<MemoryBroker>) -> Started {
     start_with(db, broker, stream_config())
 }
 
 /// A stream relay with `config` over `db`, publishing to `broker`.
-fn start_with(db: &TestDatabase, broker: &Arc<MemoryBroker>, config: RelayConfig) -> Started {
+pub(crate) fn start_with(
+    db: &TestDatabase,
+    broker: &Arc<MemoryBroker>,
+    config: RelayConfig,
+) -> Started {
     let store = PgRelayStore::new(&db.url);
     let relay = Relay::new(store, broker.clone(), config).unwrap();
     let stats = relay.stats();
@@ -311,12 +315,21 @@ impl Rng {
 /// order (redeliveries allowed: at least once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_relays_killed_at_random_lose_nothing_and_keep_order() {
+    let db = Postgres::database("stream_random");
+    random_kills(&db, stream_config).await;
+}
+
+/// The randomized test's body: writers, relays with `config()` (each its own relay id)
+/// killed and started at random over `db`; returns what was committed.
+pub(crate) async fn random_kills(
+    db: &TestDatabase,
+    config: impl Fn() -> RelayConfig,
+) -> HashSet<(String, i64)> {
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos() as u64;
     eprintln!("seed {seed}");
-    let db = Postgres::database("stream_random");
     let broker = Arc::new(MemoryBroker::new());
     let writing = Duration::from_secs(8);
     // (aggregate, n) of committed events; the writers' rolled-back ones are numbered < 0.
@@ -365,7 +378,7 @@ async fn stream_relays_killed_at_random_lose_nothing_and_keep_order() {
     }
 
     let mut rng = Rng(seed);
-    let mut relays: Vec<Started> = (0..2).map(|_| start(&db, &broker)).collect();
+    let mut relays: Vec<Started> = (0..2).map(|_| start_with(db, &broker, config())).collect();
     let (mut kills, mut starts) = (0, 2);
     let began = Instant::now();
     while began.elapsed() < writing {
@@ -378,7 +391,7 @@ async fn stream_relays_killed_at_random_lose_nothing_and_keep_order() {
         kills += 1;
         let want = 2 + rng.below(3) as usize;
         while relays.len() < want {
-            relays.push(start(&db, &broker));
+            relays.push(start_with(db, &broker, config()));
             starts += 1;
         }
     }
@@ -417,6 +430,7 @@ async fn stream_relays_killed_at_random_lose_nothing_and_keep_order() {
     assert!(lost.is_empty(), "lost: {lost:?}");
     assert!(phantom.is_empty(), "phantom: {phantom:?}");
     assert!(disorder.is_empty(), "out of order: {disorder:?}");
+    committed
 }
 
 /// The MySQL/MariaDB and SQLite stores refuse stream mode with a typed error naming it.
@@ -585,7 +599,7 @@ fn stream_dead_letters(db: &TestDatabase) -> Vec<(String, i64, i32, bool)> {
 }
 
 /// Waits up to `secs` for `done`.
-async fn wait_for(secs: u64, mut done: impl FnMut() -> bool) -> bool {
+pub(crate) async fn wait_for(secs: u64, mut done: impl FnMut() -> bool) -> bool {
     let started = Instant::now();
     while !done() {
         if started.elapsed() > Duration::from_secs(secs) {
@@ -1029,7 +1043,7 @@ async fn clean_up_all(store: &mut PgRelayStore) -> u64 {
 }
 
 /// (aggregate, n) of the rows left in `outbox_events`, in seq order.
-fn aggregates_left(conn: &mut PgConnection) -> Vec<(String, i64)> {
+pub(crate) fn aggregates_left(conn: &mut PgConnection) -> Vec<(String, i64)> {
     #[derive(diesel::QueryableByName)]
     struct Left {
         #[diesel(sql_type = diesel::sql_types::Text)]

@@ -14,7 +14,11 @@ impl private::Sealed for diesel::pg::Pg {}
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl OutboxBackend for diesel::pg::Pg {
     const NAME: &'static str = "postgres";
-    const KEEP_EXISTING: &'static str = " ON CONFLICT (id) DO NOTHING";
+    // No conflict target: on the plain table the only other unique key is the generated
+    // `seq`, and on a partitioned one (`Admin::partition_events`) the unique key is
+    // `(id, slot)`, which a target of `(id)` would not name (a transaction's rows share a
+    // slot, so the rows this skips are found all the same).
+    const KEEP_EXISTING: &'static str = " ON CONFLICT DO NOTHING";
     const NOTIFY_SQL: Option<&'static str> = Some("SELECT pg_notify('outbox_events', '')");
     backend_ops!();
     const MIGRATIONS: &'static [Migration] = crate::migrations::POSTGRES;

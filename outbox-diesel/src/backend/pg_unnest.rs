@@ -114,7 +114,7 @@ impl<'a> PgColumns<'a> {
 }
 
 /// `INSERT INTO outbox_events (...) SELECT ... FROM unnest($1, ..., $10) AS r(...)`, with
-/// `ON CONFLICT (id) DO NOTHING` when `keep_existing`: two statements in all, both cached.
+/// `ON CONFLICT DO NOTHING` when `keep_existing`: two statements in all, both cached.
 fn walk_unnest<'b>(
     c: &'b PgColumns<'_>,
     keep_existing: bool,

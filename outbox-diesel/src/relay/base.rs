@@ -266,10 +266,25 @@ impl<C: Connector> Base<C> {
 
 /// The `heartbeat` and `reap_dead_relays` of a store on a backend that records relay
 /// sessions (the [`Base`]'s), and its `cleanup` (the backend's `cleanup_query`, as the
-/// admin API runs it), in the store's `impl RelayStore` (its base in `self.base`).
+/// admin API runs it), in the store's `impl RelayStore` (its base in `self.base`);
+/// `server_methods!(sessions)` leaves `cleanup` to the store (PostgreSQL's rotates its
+/// partitions first).
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 macro_rules! server_methods {
     () => {
+        $crate::relay::base::server_methods!(sessions);
+
+        async fn cleanup(
+            &mut self,
+            older_than: std::time::Duration,
+            limit: usize,
+        ) -> Result<u64, outbox_core::relay::StoreError> {
+            let q = cleanup_query(older_than, i64::try_from(limit).unwrap_or(i64::MAX));
+            let r = q.execute(self.base.conn().await?).await;
+            self.base.check("clean up", r).map(|n| n as u64)
+        }
+    };
+    (sessions) => {
         async fn heartbeat(
             &mut self,
             relay: &str,
@@ -284,16 +299,6 @@ macro_rules! server_methods {
             relay: &str,
         ) -> Result<Vec<String>, outbox_core::relay::StoreError> {
             self.base.reap(relay).await
-        }
-
-        async fn cleanup(
-            &mut self,
-            older_than: std::time::Duration,
-            limit: usize,
-        ) -> Result<u64, outbox_core::relay::StoreError> {
-            let q = cleanup_query(older_than, i64::try_from(limit).unwrap_or(i64::MAX));
-            let r = q.execute(self.base.conn().await?).await;
-            self.base.check("clean up", r).map(|n| n as u64)
         }
     };
 }

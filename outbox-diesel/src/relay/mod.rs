@@ -34,6 +34,12 @@ pub use pg::PgRelayStore;
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use pg::stream::READ_AHEAD as PG_STREAM_READ_AHEAD;
+/// Stream mode's partition ring on PostgreSQL ([`admin::Admin::partition_events`]).
+#[cfg(feature = "postgres_backend")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod partitions {
+    pub use super::pg::partition::{DEFAULT_SLOT_XIDS, DEFAULT_SLOTS, ROTATE_LOCK_WAIT, Rotated};
+}
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteRelayStore;

@@ -155,6 +155,23 @@ pub struct CleanupArgs {
     yes: bool,
 }
 
+/// `outbox partition`.
+#[derive(clap::Args, Debug)]
+pub struct PartitionArgs {
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// Partitions in the ring (2-64).
+    #[arg(long, default_value_t = outbox::relay::partitions::DEFAULT_SLOTS)]
+    slots: u16,
+    /// Transaction ids per partition: a turn of the ring (slots x this) should outlast the
+    /// retention plus the relays' lag.
+    #[arg(long, default_value_t = outbox::relay::partitions::DEFAULT_SLOT_XIDS)]
+    slot_xids: u64,
+    /// Do it (without: print what would be done and exit 2).
+    #[arg(long)]
+    yes: bool,
+}
+
 /// Runs `$body` with `$admin` bound to an [`Admin`] on the URL's backend.
 macro_rules! with_admin {
     ($url:expr, |$admin:ident| $body:expr) => {{
@@ -405,6 +422,37 @@ pub async fn replay(args: ReplayArgs) -> Result<ExitCode, Fatal> {
         bar.finish_and_clear();
         println!("replayed {done} events: the relay publishes them again");
     });
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `outbox partition`: PostgreSQL only.
+pub async fn partition(args: PartitionArgs) -> Result<ExitCode, Fatal> {
+    check_migrated(&args.database_url).await?;
+    let (backend, url) = backend_of(&args.database_url)?;
+    if !matches!(backend, Backend::Postgres) {
+        return Err(Fatal(format!(
+            "outbox partition: the partition ring is for stream mode, on PostgreSQL only; {} is not",
+            describe(&url)
+        )));
+    }
+    if !args.yes {
+        return Ok(not_confirmed(format!(
+            "would convert outbox_events into {} partitions of {} transaction ids each, copying \
+             every row under an exclusive lock (writers and relays wait until it is done)",
+            args.slots, args.slot_xids
+        )));
+    }
+    let c = diesel_async::AsyncPgConnection::establish(&url)
+        .await
+        .map_err(|e| Fatal(format!("cannot connect to {}: {e}", describe(&url))))?;
+    let copied = Admin::new(c)
+        .partition_events(args.slots, args.slot_xids)
+        .await?;
+    println!(
+        "outbox_events is now {} partitions of {} transaction ids each ({copied} rows copied); \
+         retention empties them with TRUNCATE",
+        args.slots, args.slot_xids
+    );
     Ok(ExitCode::SUCCESS)
 }
 

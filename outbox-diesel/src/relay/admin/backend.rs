@@ -59,6 +59,11 @@ pub trait AdminConnection: Sealed + Send {
         last: i64,
     ) -> impl Future<Output = Result<u64, AdminError>> + Send;
     #[doc(hidden)]
+    fn admin_rotate(
+        &mut self,
+        keep: Duration,
+    ) -> impl Future<Output = Result<Vec<crate::relay::admin::Rotated>, AdminError>> + Send;
+    #[doc(hidden)]
     fn admin_cleanup(
         &mut self,
         older_than: Duration,
@@ -312,7 +317,8 @@ pub(crate) mod server {
 /// `COUNT_DEAD`, `COUNT_PUBLISHED`, `RETRY`, `PURGE`, `REPLAY_BOUND` and `REPLAY`, and the
 /// functions `bind(sql, filter)` (a boxed query with the filter bound), `clock()` and
 /// `stamp(query, &clock)` (the "now" a statement binds: SQLite binds the caller's clock,
-/// the servers read their own and `stamp` binds nothing), and `cleanup_query(older_than, limit)`.
+/// the servers read their own and `stamp` binds nothing), `cleanup_query(older_than, limit)`,
+/// and `rotate(conn, keep)` (PostgreSQL empties its partitions, the others have none).
 ///
 /// A macro rather than one generic impl: the bodies are the same on every backend, but a
 /// generic body over Diesel's backends needs, for each statement, bounds that the boxed
@@ -440,6 +446,13 @@ macro_rules! admin_connection {
                     .bind::<BigInt, _>(last);
                 let q = stamp(q, &clock());
                 db("replay events", q.execute(self).await).map(|n| n as u64)
+            }
+
+            async fn admin_rotate(
+                &mut self,
+                keep: Duration,
+            ) -> Result<Vec<crate::relay::admin::Rotated>, AdminError> {
+                rotate(self, keep).await
             }
 
             async fn admin_cleanup(

@@ -39,6 +39,19 @@ mod types;
 pub use backend::AdminConnection;
 pub use types::{AdminError, DeadLetter, Filter, OpenTransaction, RelayInfo, Status, StreamStatus};
 
+#[cfg(feature = "postgres_backend")]
+pub use crate::relay::pg::partition::Rotated;
+
+/// What a rotation empties: nothing on a backend without partitions.
+#[cfg(not(feature = "postgres_backend"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotated {
+    /// The slot.
+    pub slot: i32,
+    /// The bytes it held.
+    pub bytes: i64,
+}
+
 use std::time::Duration;
 
 /// Rows per retention batch of [`Admin::cleanup`] by default: no statement near one second.
@@ -154,8 +167,18 @@ impl<C: AdminConnection> Admin<C> {
         }
     }
 
+    /// Empties the partitions of a partitioned table (PostgreSQL, `partition_events`) whose
+    /// rows are all past every stream position and committed more than `keep` ago, one
+    /// `TRUNCATE` each, and returns them; nothing elsewhere. [`Admin::cleanup`] and the
+    /// relay's retention run it after they delete (the delete records the tick by which a
+    /// stream row's age is known).
+    pub async fn rotate_partitions(&mut self, keep: Duration) -> Result<Vec<Rotated>, AdminError> {
+        self.conn.admin_rotate(keep).await
+    }
+
     /// Deletes published events older than `older_than` (by `published_at`; on PostgreSQL
-    /// also those stream mode published, by their commit: see `PgRelayStore`), `batch` rows
+    /// also those stream mode published, by their commit: see `PgRelayStore`; then a partitioned
+    /// table's partitions are emptied, see [`Admin::rotate_partitions`]), `batch` rows
     /// per statement (each a short transaction of its own) until none is left; `progress`
     /// is called with the running total after each batch. Returns how many rows were
     /// deleted. The relay's own `Retention` runs the same statement.
@@ -174,6 +197,7 @@ impl<C: AdminConnection> Admin<C> {
                 progress(total);
             }
             if n < batch as u64 {
+                self.rotate_partitions(older_than).await?;
                 return Ok(total);
             }
         }

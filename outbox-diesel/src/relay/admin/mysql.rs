@@ -88,4 +88,12 @@ fn bind<'a>(sql: &'static str, f: &Filter) -> BoxedSqlQuery<'a, Mysql, SqlQuery>
         .bind::<Nullable<Text>, _>(f.event_type.clone())
 }
 
+/// No partitions here (stream mode and its ring are PostgreSQL's).
+async fn rotate(
+    _: &mut AsyncMysqlConnection,
+    _: Duration,
+) -> Result<Vec<crate::relay::admin::Rotated>, AdminError> {
+    Ok(Vec::new())
+}
+
 admin_connection!(AsyncMysqlConnection);

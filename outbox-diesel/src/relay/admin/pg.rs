@@ -130,4 +130,61 @@ fn bind<'a>(sql: &'static str, f: &'a Filter) -> BoxedSqlQuery<'a, Pg, SqlQuery>
         .bind::<Nullable<Text>, _>(f.event_type.as_deref())
 }
 
+/// Empties the partitions whose rows may all go (see `relay::pg::partition`).
+async fn rotate(
+    conn: &mut AsyncPgConnection,
+    keep: Duration,
+) -> Result<Vec<crate::relay::admin::Rotated>, AdminError> {
+    db(
+        "rotate partitions",
+        crate::relay::pg::partition::rotate(conn, keep).await,
+    )
+}
+
 admin_connection!(AsyncPgConnection);
+
+impl super::Admin<AsyncPgConnection> {
+    /// Converts `outbox_events` into a ring of `slots` partitions of `slot_xids` transaction
+    /// ids each, so that stream mode's retention empties whole partitions with `TRUNCATE`
+    /// instead of deleting rows (no dead tuples, no `VACUUM`): see
+    /// [`partitions`](crate::relay::partitions) and the migration
+    /// `20261202000003_stream_partitions` for the layout and its lock levels. Every row is
+    /// copied, with its `seq`, id and transaction id, under an `ACCESS EXCLUSIVE` lock on the
+    /// table for the whole conversion (writers and relays wait): convert at install, or after
+    /// a cleanup. Returns how many rows were copied.
+    ///
+    /// Refused, with nothing changed, on a table already partitioned, `slots` outside 2–64,
+    /// or `slot_xids` of 0 or above `i64::MAX`.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), outbox_diesel::relay::admin::AdminError> {
+    /// use diesel_async::{AsyncConnection, AsyncPgConnection};
+    /// use outbox_diesel::relay::admin::Admin;
+    /// use outbox_diesel::relay::partitions::{DEFAULT_SLOTS, DEFAULT_SLOT_XIDS};
+    /// let conn = AsyncPgConnection::establish("postgres://postgres@127.0.0.1/app").await?;
+    /// let copied = Admin::new(conn).partition_events(DEFAULT_SLOTS, DEFAULT_SLOT_XIDS).await?;
+    /// println!("{copied} rows copied into the partitions");
+    /// # Ok(()) }
+    /// ```
+    pub async fn partition_events(
+        &mut self,
+        slots: u16,
+        slot_xids: u64,
+    ) -> Result<i64, AdminError> {
+        if !(2..=64).contains(&slots) {
+            return Err(AdminError::InvalidArgument(format!(
+                "slots must be between 2 and 64, got {slots}"
+            )));
+        }
+        if slot_xids == 0 || i64::try_from(slot_xids).is_err() {
+            return Err(AdminError::InvalidArgument(format!(
+                "slot_xids must be between 1 and {}, got {slot_xids}",
+                i64::MAX
+            )));
+        }
+        db(
+            "partition the event table",
+            crate::relay::pg::partition::partition_events(&mut self.conn, slots, slot_xids).await,
+        )
+    }
+}

@@ -96,4 +96,12 @@ fn stamp<'a>(
     q.bind::<Text, _>(now.to_owned())
 }
 
+/// No partitions here (stream mode and its ring are PostgreSQL's).
+async fn rotate(
+    _: &mut Conn,
+    _: Duration,
+) -> Result<Vec<crate::relay::admin::Rotated>, AdminError> {
+    Ok(Vec::new())
+}
+
 admin_connection!(Conn);

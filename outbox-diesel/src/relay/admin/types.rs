@@ -76,6 +76,11 @@ pub enum AdminError {
     Connect(diesel::ConnectionError),
     /// A filter that can select nothing (e.g. `from_seq` after `to_seq`).
     InvalidFilter(String),
+    /// An argument out of its range (e.g. `slots` of [`Admin::partition_events`]): names it
+    /// and the value.
+    ///
+    /// [`Admin::partition_events`]: super::Admin::partition_events
+    InvalidArgument(String),
     /// A value read back that is not what the schema promises (e.g. a time that does not
     /// parse): names the column and the value.
     Malformed {
@@ -94,6 +99,7 @@ impl std::fmt::Display for AdminError {
             }
             AdminError::Connect(e) => write!(f, "cannot connect: {e}"),
             AdminError::InvalidFilter(e) => write!(f, "invalid selection: {e}"),
+            AdminError::InvalidArgument(e) => write!(f, "invalid argument: {e}"),
             AdminError::Malformed { column, value } => {
                 write!(f, "column `{column}` holds an unexpected value {value:?}")
             }

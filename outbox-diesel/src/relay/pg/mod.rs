@@ -1,6 +1,7 @@
 //! The PostgreSQL relay store: its statements in `sql`, its `RelayStore` methods in `store`,
 //! relay sessions in `sessions`.
 
+pub(crate) mod partition;
 pub(super) mod sessions;
 pub(super) mod sql;
 mod store;

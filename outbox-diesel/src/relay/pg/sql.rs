@@ -291,7 +291,11 @@ pub(super) const TAKE_SHARDS: &str = "UPDATE outbox_shard_leases \
 /// than the bound are deleted (the shortest retention in use decides what is left anyway).
 /// A table never relayed in stream mode pays 256 index probes that find nothing (its
 /// positions are the migration's snapshot). The rows are deleted, so their space is reused
-/// only after a `VACUUM` (autovacuum); partition rotation is not built.
+/// only after a `VACUUM` (autovacuum). On a table partitioned into a ring
+/// (`Admin::partition_events`, see `partition.rs`) whole partitions are emptied by
+/// `TRUNCATE` before this runs, and the stream rows this deletes are only those older than a
+/// turn of the ring (`ring.floor`): rows a partition could not be emptied of because newer
+/// ones share it.
 ///
 /// Measured with `psql` on the shared test server (autovacuum off, a release build running
 /// beside it), 1,000,000 rows over 1,000 aggregates, every position at the current snapshot:
@@ -312,18 +316,24 @@ pub(super) const CLEANUP: &str = "WITH tick AS ( \
          WHERE tick_at <= now() - make_interval(secs => $1) \
          ORDER BY tick_at DESC LIMIT 1), \
      pruned AS (DELETE FROM outbox_stream_ticks \
-         WHERE tick_at < (SELECT tick_at FROM bound)) \
+         WHERE tick_at < (SELECT tick_at FROM bound)), \
+     ring AS MATERIALIZED ( \
+         SELECT coalesce((SELECT greatest(pg_snapshot_xmax(pg_current_snapshot())::text::bigint \
+                                          - slots * slot_xids, 0) \
+                          FROM outbox_stream_partitioning), \
+                         9223372036854775807)::text::xid8 AS floor) \
      DELETE FROM outbox_events WHERE seq = ANY(ARRAY( \
      SELECT c.seq FROM ( \
          (SELECT seq FROM outbox_events \
           WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1) \
           ORDER BY published_at LIMIT $2) \
          UNION ALL \
-         (SELECT h.seq FROM bound CROSS JOIN outbox_stream_positions p CROSS JOIN LATERAL ( \
+         (SELECT h.seq FROM bound CROSS JOIN ring CROSS JOIN outbox_stream_positions p \
+          CROSS JOIN LATERAL ( \
               SELECT o.seq FROM outbox_events o \
               WHERE o.shard = p.shard \
                 AND o.xid < least(pg_snapshot_xmax(bound.snapshot), \
-                                  pg_snapshot_xmax(p.last_snapshot)) \
+                                  pg_snapshot_xmax(p.last_snapshot), ring.floor) \
                 AND o.published_at IS NULL AND o.dead_at IS NULL \
                 AND pg_visible_in_snapshot(o.xid, bound.snapshot) \
                 AND pg_visible_in_snapshot(o.xid, p.last_snapshot) \

@@ -246,7 +246,20 @@ impl RelayStore for PgRelayStore {
         self.base.check("release leases", r)
     }
 
-    server_methods!();
+    server_methods!(sessions);
+
+    /// Deletes what there is to delete ([`cleanup_query`], which also records the tick that
+    /// tells stream rows' age), then empties the partitions whose rows may all go
+    /// ([`super::partition::rotate`]; on a partitioned table the delete takes none of their
+    /// rows).
+    async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
+        let q = cleanup_query(older_than, i64::try_from(limit).unwrap_or(i64::MAX));
+        let r = q.execute(self.base.conn().await?).await;
+        let deleted = self.base.check("clean up", r)? as u64;
+        let r = super::partition::rotate(self.base.conn().await?, older_than).await;
+        self.base.check("rotate partitions", r)?;
+        Ok(deleted)
+    }
 
     async fn wait_for_work(&mut self, timeout: Duration) {
         if !self.listen {

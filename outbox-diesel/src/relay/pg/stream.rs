@@ -143,12 +143,16 @@ pub const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
 /// scan saw it: the statement's snapshot keeps that version), behind a fence too: on 20,000
 /// analysed rows the plain join was planned as a hash join over a scan of the whole table,
 /// which stream mode never shrinks (the candidates estimated at one a shard). The sort and
-/// the window carry only (ctid, seq, shard): the delta of a shard can be far larger than a
+/// the window carry only (tableoid, ctid, seq, shard): the delta of a shard can be far larger than a
 /// batch (one transaction's rows), and its payloads are read for the batch only. By `ctid`
 /// rather than by primary key: 100,000 rows written 1,000 a transaction, a claim of 1,000
 /// from the start (`EXPLAIN (ANALYZE, BUFFERS)`, three runs interleaved, a build running
 /// beside them) read 4,766 shared buffers by primary key and 2,766 by `ctid`, in 15–20 ms
-/// against 10–14 ms.
+/// against 10–14 ms. A `ctid` names a row within one table only: on a table partitioned into
+/// a ring (`partition.rs`) each partition has a row at `(0,1)`, so the lookup also matches
+/// the `tableoid` the scan saw (a TID scan of each partition, the others' finding nothing;
+/// without it the relays published other partitions' rows in place of the batch's, found by
+/// the randomized test over rotating partitions).
 ///
 /// Measured (`EXPLAIN (ANALYZE, BUFFERS)`, PostgreSQL 15.20 on the shared test server, 100,000
 /// events, 1,000 aggregates over all 256 shards, one relay holding every shard, batch 1,000).
@@ -189,11 +193,11 @@ pub const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
 /// from memory while the positions it was read at are still the ones `ADVANCE` fences on.
 /// The second is built: see the module's notes on reading ahead.
 pub const CANDIDATES: &str = "WITH cand AS ( \
-     SELECT c.tid, c.seq, c.shard, count(*) OVER (PARTITION BY c.shard) AS shard_rows \
+     SELECT c.rel, c.tid, c.seq, c.shard, count(*) OVER (PARTITION BY c.shard) AS shard_rows \
      FROM unnest($1::smallint[], $2::text[], $3::text[], $4::int8[]) AS p(shard, last_snap, cur_snap, cur_seq) \
      CROSS JOIN LATERAL ( \
-         SELECT d.tid, d.seq, d.shard FROM ( \
-             SELECT o.ctid AS tid, o.seq, o.shard FROM outbox_events o \
+         SELECT d.rel, d.tid, d.seq, d.shard FROM ( \
+             SELECT o.tableoid AS rel, o.ctid AS tid, o.seq, o.shard FROM outbox_events o \
              WHERE o.shard = p.shard \
                AND o.xid >= pg_snapshot_xmin(p.last_snap::pg_snapshot) \
                AND o.xid < pg_snapshot_xmax(p.cur_snap::pg_snapshot) \
@@ -212,7 +216,8 @@ pub const CANDIDATES: &str = "WITH cand AS ( \
               WHERE d.aggregate_type = o.aggregate_type AND d.aggregate_id = o.aggregate_id) \
          END AS parked_behind \
      FROM cand CROSS JOIN LATERAL ( \
-         SELECT * FROM outbox_events e WHERE e.ctid = cand.tid OFFSET 0) o \
+         SELECT * FROM outbox_events e \
+         WHERE e.ctid = cand.tid AND e.tableoid = cand.rel OFFSET 0) o \
      ORDER BY o.seq";
 
 /// Moves positions on, once per batch: only where `$1` still holds the shard's lease and the
