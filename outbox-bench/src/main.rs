@@ -71,8 +71,20 @@ struct Args {
 type Section = fn(&Ctx, &mut String);
 
 /// Migrates the bench's database and creates the business table the write path inserts into.
+/// With `OUTBOX_BENCH_PARTITION=<slots>,<slot_xids>` the event table is then turned into
+/// stream mode's partition ring (`outbox partition`), for an A/B of that layout against the
+/// plain table: every PostgreSQL section then runs on it.
 pub fn prepare(conn: &mut PgConnection) {
     outbox::migrations::run(conn).expect("migrate");
+    if let Ok(ring) = std::env::var("OUTBOX_BENCH_PARTITION") {
+        let (slots, xids) = ring
+            .split_once(',')
+            .and_then(|(s, x)| Some((s.trim().parse::<u16>().ok()?, x.trim().parse::<u64>().ok()?)))
+            .unwrap_or_else(|| {
+                panic!("OUTBOX_BENCH_PARTITION must be <slots>,<slot_xids>, got {ring:?}")
+            });
+        exec(conn, &format!("SELECT outbox_partition_events({slots}, {xids})"));
+    }
     exec(
         conn,
         "CREATE TABLE bench_orders (id BIGINT PRIMARY KEY, customer BIGINT NOT NULL, \

@@ -37,7 +37,9 @@
 //! Retention (the store's `cleanup`, `outbox cleanup`, the relay's `--retention-hours`)
 //! deletes the rows the positions passed once they committed more than the retention ago,
 //! known from the ticks the cleanup records (see `CLEANUP` in `sql.rs`): deletes, so their
-//! space is reused after a `VACUUM`; partition rotation is not built.
+//! space is reused after a `VACUUM`; or, on a table turned into a partition ring
+//! (`Admin::partition_events`), empties whole partitions with `TRUNCATE` (see
+//! `partition.rs`).
 //!
 //! ## Dead letters
 //!
