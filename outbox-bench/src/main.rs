@@ -83,7 +83,10 @@ pub fn prepare(conn: &mut PgConnection) {
             .unwrap_or_else(|| {
                 panic!("OUTBOX_BENCH_PARTITION must be <slots>,<slot_xids>, got {ring:?}")
             });
-        exec(conn, &format!("SELECT outbox_partition_events({slots}, {xids})"));
+        exec(
+            conn,
+            &format!("SELECT outbox_partition_events({slots}, {xids})"),
+        );
     }
     exec(
         conn,

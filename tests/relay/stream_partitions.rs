@@ -191,12 +191,11 @@ async fn stream_rotation_empties_only_passed_partitions() {
         #[diesel(sql_type = diesel::sql_types::Integer)]
         slot: i32,
     }
-    let late_slot = diesel::sql_query(
-        "SELECT (pg_current_xact_id()::text::bigint / 40 % 16)::int4 AS slot",
-    )
-    .get_result::<Slot>(&mut late)
-    .unwrap()
-    .slot;
+    let late_slot =
+        diesel::sql_query("SELECT (pg_current_xact_id()::text::bigint / 40 % 16)::int4 AS slot")
+            .get_result::<Slot>(&mut late)
+            .unwrap()
+            .slot;
     let slots_before = rows_by_slot(&db);
     assert!(
         slots_before.len() >= 3,
