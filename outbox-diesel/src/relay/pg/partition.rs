@@ -19,8 +19,9 @@
 //!
 //! Sizing: a turn of the ring should outlast the retention plus the relays' lag, so
 //! `slots × slot_xids` above the transaction ids the database uses in that time (every write
-//! transaction uses one, the relay's advances and cleanups too; `SELECT pg_current_xact_id()`
-//! twice an hour apart tells the rate). Each claim reads every partition's stream index, so
+//! transaction uses one, the relay's advances and cleanups too, about 15 a second a relay;
+//! and the counter is the server's, shared by all its databases, so it is the whole server's
+//! rate that counts: `SELECT pg_current_xact_id()` twice an hour apart tells it). Each claim reads every partition's stream index, so
 //! fewer, larger slots make cheaper claims: the default is [`DEFAULT_SLOTS`].
 
 use std::time::Duration;
