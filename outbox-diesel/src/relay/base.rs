@@ -267,8 +267,8 @@ impl<C: Connector> Base<C> {
 /// The `heartbeat` and `reap_dead_relays` of a store on a backend that records relay
 /// sessions (the [`Base`]'s), and its `cleanup` (the backend's `cleanup_query`, as the
 /// admin API runs it), in the store's `impl RelayStore` (its base in `self.base`);
-/// `server_methods!(sessions)` leaves `cleanup` to the store (PostgreSQL's rotates its
-/// partitions first).
+/// `server_methods!(sessions)` leaves `cleanup` to the store (PostgreSQL's also empties its
+/// partitions).
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 macro_rules! server_methods {
     () => {

@@ -37,20 +37,9 @@ mod sqlite;
 mod types;
 
 pub use backend::AdminConnection;
-pub use types::{AdminError, DeadLetter, Filter, OpenTransaction, RelayInfo, Status, StreamStatus};
-
-#[cfg(feature = "postgres_backend")]
-pub use crate::relay::pg::partition::Rotated;
-
-/// What a rotation empties: nothing on a backend without partitions.
-#[cfg(not(feature = "postgres_backend"))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rotated {
-    /// The slot.
-    pub slot: i32,
-    /// The bytes it held.
-    pub bytes: i64,
-}
+pub use types::{
+    AdminError, DeadLetter, Filter, OpenTransaction, RelayInfo, Rotated, Status, StreamStatus,
+};
 
 use std::time::Duration;
 

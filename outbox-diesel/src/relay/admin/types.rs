@@ -61,6 +61,20 @@ impl Filter {
     }
 }
 
+/// One partition a rotation emptied ([`Admin::rotate_partitions`]; PostgreSQL's partition
+/// ring only).
+///
+/// [`Admin::rotate_partitions`]: super::Admin::rotate_partitions
+#[derive(Debug, Clone, Copy, PartialEq, Eq, diesel::QueryableByName)]
+pub struct Rotated {
+    /// The slot (the partition is `outbox_events_slot_<slot>`).
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    pub slot: i32,
+    /// The bytes it held (heap, indexes and TOAST) before the `TRUNCATE`.
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub bytes: i64,
+}
+
 /// An error of an admin operation.
 #[derive(Debug)]
 #[non_exhaustive]

@@ -5,10 +5,12 @@
 //! `slots` partitions `outbox_events_slot_<k>`, a row's slot being its writer's transaction id
 //! divided by `slot_xids`, modulo `slots`: consecutive transactions fill one partition for
 //! `slot_xids` transaction ids, then the next, round the ring. Retention ([`rotate`], run by
-//! every cleanup before its `DELETE`) empties a partition with one `TRUNCATE` once every row
-//! in it is behind every shard's position and committed longer than the retention ago (the
-//! check `outbox_slot_passed`: 256 index probes, repeated under an `ACCESS EXCLUSIVE` lock on
-//! that partition alone, taken within [`ROTATE_LOCK_WAIT`] or not at all). Writers insert
+//! every cleanup after its `DELETE`, which records the tick that dates stream rows) empties a
+//! partition with one `TRUNCATE` once every row in it is visible in its shard's position and
+//! in the retention tick (the check `outbox_slot_passed`: a range probe of the partition's
+//! stream index per shard, rows read one by one only where a transaction was open; repeated
+//! under an `ACCESS EXCLUSIVE` lock on that partition alone, taken within
+//! [`ROTATE_LOCK_WAIT`] or not at all). Writers insert
 //! into the partition of their own transaction id, so a rotation never waits for them unless
 //! a writer's transaction id falls in the partition being emptied (a transaction older than a
 //! turn of the ring is in progress, or the ring came round): that writer waits for the lock,
@@ -21,14 +23,17 @@
 //! `slots × slot_xids` above the transaction ids the database uses in that time (every write
 //! transaction uses one, the relay's advances and cleanups too, about 15 a second a relay;
 //! and the counter is the server's, shared by all its databases, so it is the whole server's
-//! rate that counts: `SELECT pg_current_xact_id()` twice an hour apart tells it). Each claim reads every partition's stream index, so
-//! fewer, larger slots make cheaper claims: the default is [`DEFAULT_SLOTS`].
+//! rate that counts: `SELECT pg_current_xact_id()` twice an hour apart tells it). Each claim
+//! reads every partition's stream index, so fewer, larger slots make cheaper claims: the
+//! default is [`DEFAULT_SLOTS`].
 
 use std::time::Duration;
 
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Double, Integer};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
+
+pub use crate::relay::admin::Rotated;
 
 /// How long a rotation waits for the lock on the partition it empties before it leaves it
 /// for the next cleanup: what a reader of the table (a relay's claim) or a writer into that
@@ -42,23 +47,6 @@ pub const DEFAULT_SLOTS: u16 = 4;
 /// transactions a second, a partition fills in 28 hours and the ring of [`DEFAULT_SLOTS`]
 /// turns in 4.6 days).
 pub const DEFAULT_SLOT_XIDS: u64 = 10_000_000;
-
-/// One partition a rotation emptied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rotated {
-    /// The slot (the partition is `outbox_events_slot_<slot>`).
-    pub slot: i32,
-    /// The bytes it held (heap, indexes and TOAST) before the `TRUNCATE`.
-    pub bytes: i64,
-}
-
-#[derive(QueryableByName)]
-struct RotatedRow {
-    #[diesel(sql_type = Integer)]
-    slot: i32,
-    #[diesel(sql_type = BigInt)]
-    bytes: i64,
-}
 
 #[derive(QueryableByName)]
 struct Moved {
@@ -102,15 +90,12 @@ pub(crate) async fn rotate(
         )
         .bind::<Double, _>(crate::relay::common::secs(keep))
         .bind::<Double, _>(ROTATE_LOCK_WAIT.as_secs_f64())
-        .get_result::<RotatedRow>(conn)
+        .get_result::<Rotated>(conn)
         .await;
         match row {
             Ok(r) => {
                 tracing::info!(slot = r.slot, bytes = r.bytes, "outbox partition emptied");
-                rotated.push(Rotated {
-                    slot: r.slot,
-                    bytes: r.bytes,
-                });
+                rotated.push(r);
             }
             Err(diesel::result::Error::NotFound) => break,
             Err(e) => return Err(e),
