@@ -50,6 +50,7 @@ pub(crate) const POSTGRES: &[Migration] = embed!("postgres":
     "20261202000001" _ "stream_dead_letters",
     "20261202000002" _ "stream_retention",
     "20261202000003" _ "stream_partitions",
+    "20261203000001" _ "stream_partition_stats",
 );
 #[cfg(feature = "mysql_backend")]
 pub(crate) const MYSQL: &[Migration] = embed!("mysql":

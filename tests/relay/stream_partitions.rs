@@ -316,3 +316,97 @@ async fn stream_relays_killed_at_random_over_rotating_partitions() {
         committed.len()
     );
 }
+
+/// Partitions holding rows that have no statistics (empty when the table was converted, so
+/// its `ANALYZE` sampled nothing) are analysed by the stream relay within seconds, not when
+/// autovacuum comes: until then PostgreSQL plans the stream claims as if they were empty, and
+/// each took seconds (migration `20261203000001_stream_partition_stats`). The function skips
+/// a partition whose lock it cannot take within its wait, analyses each partition once, and
+/// does nothing on a table that is not partitioned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_relay_analyses_partitions_without_statistics() {
+    let plain = Postgres::database("stream_stats_plain");
+    assert_eq!(
+        count(
+            &plain,
+            "SELECT outbox_analyze_partitions('200 ms')::bigint AS n"
+        ),
+        0
+    );
+    let db = Postgres::database("stream_stats_ring");
+    Postgres::exec(&db, "SELECT outbox_partition_events(4, 10000000)");
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    // 2,000 rows in 20 transactions: one or two partitions (the xid counter may cross a slot).
+    for t in 0..20 {
+        exec(
+            &mut conn,
+            &format!(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, \
+                 event_version, payload) SELECT 'order', 'a' || (i % 10), 'E', 1, \
+                 jsonb_build_object('agg', 'a' || (i % 10), 'n', {t} * 10 + i / 10 + 1) \
+                 FROM generate_series(0, 99) i"
+            ),
+        );
+    }
+    let filled = "SELECT count(*) AS n FROM pg_class \
+                  WHERE relname LIKE 'outbox_events_slot_%' AND relkind = 'r' \
+                    AND pg_relation_size(oid) >= 8 * 8192";
+    let analysed = "SELECT count(*) AS n FROM pg_stats \
+                    WHERE tablename LIKE 'outbox_events_slot_%' AND attname = 'published_at'";
+    let parts = count(&db, filled);
+    assert!((1..=2).contains(&parts), "{parts} partitions hold the rows");
+    assert_eq!(
+        count(&db, analysed),
+        0,
+        "the conversion analysed empty partitions"
+    );
+
+    // A partition locked by another transaction (as by autovacuum) is skipped, not waited for.
+    let mut holder = PgConnection::establish(&db.url).unwrap();
+    exec(&mut holder, "BEGIN");
+    exec(
+        &mut holder,
+        "LOCK TABLE outbox_events_slot_0, outbox_events_slot_1, outbox_events_slot_2, \
+         outbox_events_slot_3 IN SHARE UPDATE EXCLUSIVE MODE",
+    );
+    let started = Instant::now();
+    assert_eq!(
+        count(
+            &db,
+            "SELECT outbox_analyze_partitions('100 ms')::bigint AS n"
+        ),
+        0
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    exec(&mut holder, "ROLLBACK");
+    assert_eq!(count(&db, analysed), 0);
+
+    // The relay analyses them at its first claims, and publishes everything in order.
+    let broker = Arc::new(MemoryBroker::new());
+    let (stop, relay, _) = start_with(&db, &broker, stream_config());
+    let ok = wait_for(20, || {
+        delivered(&broker).len() >= 2000 && count(&db, analysed) == parts
+    })
+    .await;
+    stop.send(()).unwrap();
+    relay.await.unwrap();
+    assert!(
+        ok,
+        "{} of 2,000 published, {} of {parts} partitions analysed",
+        delivered(&broker).len(),
+        count(&db, analysed)
+    );
+    assert!(out_of_order(&delivered(&broker)).is_empty());
+    // Once analysed, a partition is not analysed again.
+    assert_eq!(
+        count(
+            &db,
+            "SELECT outbox_analyze_partitions('200 ms')::bigint AS n"
+        ),
+        0
+    );
+}

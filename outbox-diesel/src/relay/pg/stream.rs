@@ -77,6 +77,17 @@ use crate::relay::common::{ClaimedColumns, CountRow, Prepared};
 /// operator): at most this often while none are found, at every claim while some are.
 const RELEASE_CHECK: Duration = Duration::from_secs(1);
 
+/// How often a stream relay looks for partitions of the ring that hold rows but have no
+/// statistics, and analyses them (migration `20261203000001_stream_partition_stats`: until
+/// then its claims are planned as if the partition were empty, and took seconds each in the
+/// ring's first turn). A look is one catalogue query (none on a table that is not partitioned
+/// but the function call).
+const STATS_CHECK: Duration = Duration::from_secs(1);
+
+/// `outbox_analyze_partitions`, waiting at most 200 ms for each partition's lock.
+const ANALYZE_PARTITIONS: &str =
+    "SELECT outbox_analyze_partitions('200 milliseconds')::bigint AS n";
+
 /// How often a relay with nothing to publish moves its idle shards' positions up to the
 /// current snapshot (so their next delta scans start from a recent `xmin`).
 const IDLE_ADVANCE: Duration = Duration::from_secs(1);
@@ -404,6 +415,8 @@ pub(super) struct StreamState {
     /// Failed attempts so far of events that failed and are not yet published.
     attempts: HashMap<i64, i32>,
     last_idle_advance: Option<Instant>,
+    /// Not before then, look for partitions with no statistics (`None`: at the next claim).
+    next_stats_check: Option<Instant>,
     /// Not before then, look for aggregates to release (`None`: at the next claim).
     next_release_check: Option<Instant>,
 }
@@ -540,6 +553,24 @@ impl PgRelayStore {
                 return Ok(batch);
             }
             self.stream.next_release_check = Some(Instant::now() + RELEASE_CHECK);
+        }
+        if self
+            .stream
+            .next_stats_check
+            .is_none_or(|t| Instant::now() >= t)
+        {
+            self.stream.next_stats_check = Some(Instant::now() + STATS_CHECK);
+            let conn = self.base.conn().await?;
+            let r = Prepared(diesel::sql_query(ANALYZE_PARTITIONS))
+                .get_result::<CountRow>(conn)
+                .await;
+            let analysed = self.base.check("analyse new partitions", r)?.n;
+            if analysed > 0 {
+                tracing::info!(
+                    analysed,
+                    "outbox partitions analysed (they had no statistics)"
+                );
+            }
         }
         // A bounded delta can hold nothing for this relay (its rows were all seen by the last
         // snapshot, or are other shards'), or only rows to copy aside (parked, malformed):

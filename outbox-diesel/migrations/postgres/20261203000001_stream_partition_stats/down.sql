@@ -1,0 +1,1 @@
+DROP FUNCTION IF EXISTS outbox_analyze_partitions(interval);
