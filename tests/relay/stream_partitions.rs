@@ -409,4 +409,24 @@ async fn stream_relay_analyses_partitions_without_statistics() {
         ),
         0
     );
+
+    // The status shows the ring: where writers are, what holds rows, and the headroom (the
+    // ids before the next partition that holds rows round the ring, at most a turn).
+    let status = admin(&db).await.status().await.unwrap();
+    let ring = status.stream.and_then(|s| s.ring).expect("ring status");
+    assert_eq!((ring.slots, ring.slot_xids), (4, 10_000_000));
+    assert!((0..4).contains(&ring.current_slot), "{ring:?}");
+    let holding = count(
+        &db,
+        "SELECT count(*) AS n FROM pg_class WHERE relname LIKE 'outbox_events_slot_%' \
+         AND relkind = 'r' AND pg_relation_size(oid) > 0",
+    );
+    assert_eq!(ring.filled, holding, "{ring:?}");
+    assert!(ring.bytes >= parts * 8 * 8192, "{ring:?}");
+    assert!(
+        ring.headroom_xids > 0 && ring.headroom_xids <= 4 * 10_000_000,
+        "{ring:?}"
+    );
+    let plain_status = admin(&plain).await.status().await.unwrap();
+    assert!(plain_status.stream.and_then(|s| s.ring).is_none());
 }

@@ -112,6 +112,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Stream mode: age of the oldest open transaction its positions wait for, 0 if none (sampled).",
     ),
     (
+        "outbox_relay_stream_ring_headroom_xids",
+        "gauge",
+        "Stream mode on a partition ring: transaction ids before writers reach a partition retention has not emptied (sampled).",
+    ),
+    (
+        "outbox_relay_stream_ring_bytes",
+        "gauge",
+        "Stream mode on a partition ring: the partitions' size in bytes (sampled).",
+    ),
+    (
         "outbox_consumer_received_total",
         "counter",
         "Messages read.",

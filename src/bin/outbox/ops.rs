@@ -260,6 +260,22 @@ fn print_status(s: &Status) {
             "  retry requested:  {} (dead letters waiting for a stream relay to publish them)",
             stream.retry_requested
         );
+        if let Some(r) = &stream.ring {
+            println!(
+                "  partition ring:   {} slots of {} transaction ids, writing slot {}; {} of \
+                 them hold rows, {:.1} MB",
+                r.slots,
+                r.slot_xids,
+                r.current_slot,
+                r.filled,
+                r.bytes as f64 / 1_048_576.0
+            );
+            println!(
+                "  ring headroom:    {} transaction ids before writers reach a partition not \
+                 emptied yet (at 0, rows older than a turn are deleted instead)",
+                r.headroom_xids
+            );
+        }
     }
     if s.relays.is_empty() {
         println!("relays:             none");

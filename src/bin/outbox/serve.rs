@@ -201,6 +201,11 @@ async fn sample<C: AdminConnection>(conn: C) -> String {
                             .as_ref()
                             .map_or(0.0, |t| t.age_seconds),
                     );
+                    if let Some(ring) = &stream.ring {
+                        metrics::gauge!("outbox_relay_stream_ring_headroom_xids")
+                            .set(ring.headroom_xids as f64);
+                        metrics::gauge!("outbox_relay_stream_ring_bytes").set(ring.bytes as f64);
+                    }
                 }
             }
             Err(e) => return e.to_string(),

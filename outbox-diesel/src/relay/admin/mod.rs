@@ -38,7 +38,8 @@ mod types;
 
 pub use backend::AdminConnection;
 pub use types::{
-    AdminError, DeadLetter, Filter, OpenTransaction, RelayInfo, Rotated, Status, StreamStatus,
+    AdminError, DeadLetter, Filter, OpenTransaction, RelayInfo, RingStatus, Rotated, Status,
+    StreamStatus,
 };
 
 use std::time::Duration;

@@ -64,6 +64,12 @@ const COUNTS: &str = concat!(
 /// rows (pending: not published yet) with the oldest one's time, the aggregates they block,
 /// and how many of the table's rows still have their event row unmarked in `outbox_events`
 /// (by the `seq` primary key: they lie behind the positions, but were not published).
+///
+/// And, on a partition ring (`outbox_stream_partitioning`), its layout, the slot the next
+/// transaction id falls in (`pg_snapshot_xmax` of the current snapshot: no id is taken), the
+/// partitions' size, how many hold rows (a size above 0), and the headroom: the transaction
+/// ids left before writers reach a partition that still holds rows (the next one round the
+/// ring that is not empty, or the current one a turn on).
 const STREAM: Option<&str> = Some(concat!(
     "WITH pos AS (SELECT shard, last_snapshot, cur_snapshot, cur_seq, version \
          FROM outbox_stream_positions), \
@@ -91,7 +97,18 @@ const STREAM: Option<&str> = Some(concat!(
          FROM outbox_stream_dead_letters d LEFT JOIN outbox_events o ON o.seq = d.seq \
              AND o.published_at IS NULL AND o.dead_at IS NULL), \
      oldest AS (SELECT least((SELECT min(created_at) FROM un), \
-         (SELECT oldest_parked FROM dl)) AS t) \
+         (SELECT oldest_parked FROM dl)) AS t), \
+     ring AS (SELECT r.slots, r.slot_xids, (x.x / r.slot_xids % r.slots)::int4 AS slot, \
+             (SELECT sum(pg_total_relation_size(('outbox_events_slot_' || k)::regclass)) \
+              FROM generate_series(0, r.slots - 1) k)::int8 AS bytes, \
+             (SELECT count(*) FROM generate_series(0, r.slots - 1) k \
+              WHERE pg_relation_size(('outbox_events_slot_' || k)::regclass) > 0) AS filled, \
+             (SELECT min((x.x / r.slot_xids + j) * r.slot_xids - x.x) \
+              FROM generate_series(1, r.slots) j \
+              WHERE j = r.slots OR pg_relation_size(('outbox_events_slot_' \
+                  || ((x.x / r.slot_xids + j) % r.slots))::regclass) > 0) AS headroom \
+         FROM outbox_stream_partitioning r \
+         CROSS JOIN (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS x) x) \
      SELECT coalesce((SELECT max(version) > 0 FROM pos), false) AS used, \
          (SELECT count(*) FROM un) AS unpublished, ",
     time!("(SELECT t FROM oldest)"),
@@ -99,8 +116,10 @@ const STREAM: Option<&str> = Some(concat!(
          EXTRACT(EPOCH FROM now() - (SELECT t FROM oldest))::float8 \
              AS oldest_unpublished_age, \
          h.pid, h.datname, h.application, h.state, h.age, \
-         dl.dead_letters, dl.retry_requested, dl.parked, dl.blocked, dl.unmarked \
-     FROM (SELECT 1) one LEFT JOIN held h ON true CROSS JOIN dl"
+         dl.dead_letters, dl.retry_requested, dl.parked, dl.blocked, dl.unmarked, \
+         ring.slots AS ring_slots, ring.slot_xids AS ring_slot_xids, ring.slot AS ring_slot, \
+         ring.bytes AS ring_bytes, ring.filled AS ring_filled, ring.headroom AS ring_headroom \
+     FROM (SELECT 1) one LEFT JOIN held h ON true CROSS JOIN dl LEFT JOIN ring ON true"
 ));
 
 filtered_statements!(

@@ -197,6 +197,35 @@ pub struct StreamStatus {
     /// Dead letters whose retry is asked for (`outbox dead retry`) and that wait for a stream
     /// relay to publish them (counted in [`Status::dead`] until then).
     pub retry_requested: i64,
+    /// The partition ring, if the table is one ([`Admin::partition_events`]).
+    ///
+    /// [`Admin::partition_events`]: super::Admin::partition_events
+    pub ring: Option<RingStatus>,
+}
+
+/// Stream mode's partition ring ([`StreamStatus::ring`]): where writers are, and how far they
+/// are from a partition retention has not emptied yet.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
+pub struct RingStatus {
+    /// Partitions in the ring.
+    pub slots: i32,
+    /// Transaction ids per partition.
+    pub slot_xids: i64,
+    /// The partition the next transaction id falls in.
+    pub current_slot: i32,
+    /// Partitions holding rows (a size above 0: not emptied since they were written).
+    pub filled: i64,
+    /// The partitions' size in bytes (indexes and TOAST included).
+    pub bytes: i64,
+    /// Transaction ids left before writers reach a partition that still holds rows: the next
+    /// one round the ring that is not empty, else the current one a turn on. Every write
+    /// transaction on the server takes one, as does a relay about 15 times a second. When it
+    /// reaches 0, rows go into a partition retention has not emptied: those older than a turn
+    /// are then deleted (`DELETE`, dead tuples) instead of truncated with it. Falling toward 0
+    /// means the ring is too small for the retention and the relays' lag, or a partition
+    /// cannot be emptied (a position or a transaction holds it back).
+    pub headroom_xids: i64,
 }
 
 /// A transaction still open, from `pg_stat_activity`.
@@ -364,6 +393,19 @@ pub(crate) struct StreamRow {
     /// The table's rows whose event row is still in `outbox_events`, unmarked.
     #[diesel(sql_type = BigInt)]
     unmarked: i64,
+    /// The partition ring, if the table is one (all `None` else).
+    #[diesel(sql_type = Nullable<Integer>)]
+    ring_slots: Option<i32>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    ring_slot_xids: Option<i64>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    ring_slot: Option<i32>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    ring_bytes: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    ring_filled: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    ring_headroom: Option<i64>,
 }
 
 #[derive(QueryableByName)]
@@ -494,6 +536,17 @@ pub(crate) fn status(
             }),
             parked: s.parked,
             retry_requested: s.retry_requested,
+            ring: match (s.ring_slots, s.ring_slot_xids, s.ring_slot) {
+                (Some(slots), Some(slot_xids), Some(current_slot)) => Some(RingStatus {
+                    slots,
+                    slot_xids,
+                    current_slot,
+                    filled: s.ring_filled.unwrap_or(0),
+                    bytes: s.ring_bytes.unwrap_or(0),
+                    headroom_xids: s.ring_headroom.unwrap_or(0),
+                }),
+                _ => None,
+            },
         });
     }
     Ok(status)
