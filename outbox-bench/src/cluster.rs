@@ -124,6 +124,18 @@ impl PrivatePg {
         for (name, value) in settings {
             opts.push_str(&format!(" -c {name}={value}"));
         }
+        // A diagnostic: settings of every private cluster, `name=value` separated by spaces
+        // (e.g. `shared_preload_libraries=auto_explain auto_explain.log_min_duration=1000`);
+        // the server log is `server.log` in the cluster's directory, printed here.
+        if let Ok(extra) = std::env::var("OUTBOX_BENCH_PG_SETTINGS") {
+            for setting in extra.split_whitespace() {
+                opts.push_str(&format!(" -c {setting}"));
+            }
+            eprintln!(
+                "private cluster with {extra}: log {}",
+                pg.dir.join("server.log").display()
+            );
+        }
         let log = pg.dir.join("server.log");
         let log = log.to_str().ok_or("temp dir is not UTF-8")?;
         as_postgres(

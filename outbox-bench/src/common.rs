@@ -29,6 +29,8 @@ pub struct Ctx {
     pub plot_prefix: String,
     /// A runtime for the relays.
     pub rt: tokio::runtime::Runtime,
+    /// The soak section's settings.
+    pub soak: crate::soak::Settings,
 }
 
 impl Ctx {

@@ -10,6 +10,7 @@ mod latency;
 mod peers;
 mod plot;
 mod scale;
+mod soak;
 mod wal;
 mod write;
 
@@ -46,9 +47,19 @@ struct Args {
     /// Where to write the report (the PNG plots go next to it).
     #[arg(long, default_value = "docs/BENCHMARKS.md")]
     out: String,
-    /// Run only these sections (comma-separated: write, drain, …); all when empty.
+    /// Run only these sections (comma-separated: write, drain, scale, peers, latency, wal,
+    /// soak); all but soak when empty.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Soak (`--only soak`): seconds of steady writing.
+    #[arg(long, default_value_t = 1800)]
+    soak_secs: u64,
+    /// Soak: events per second written to each of its two databases.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    soak_rate: u64,
+    /// Soak: stream mode's ring, `<slots>,<slot_xids>` (as `outbox partition`).
+    #[arg(long, default_value = "4,100000", value_parser = soak::Settings::ring)]
+    soak_ring: (u16, u64),
     /// Internal: run one relay against this database URL until `--events` are published and
     /// print its figures (the scale section runs each relay in its own process).
     #[arg(long, hide = true)]
@@ -175,25 +186,34 @@ fn main() {
         out_dir,
         plot_prefix,
         rt,
+        soak: soak::Settings {
+            secs: args.soak_secs,
+            rate: args.soak_rate,
+            slots: args.soak_ring.0,
+            slot_xids: args.soak_ring.1,
+        },
     };
     let shared = format!("{} ({})", args.pg, cluster::describe(&url));
     // Which PostgreSQL server each section ran on, for the header.
     let mut servers: Vec<(&str, String)> = Vec::new();
     let mut body = String::new();
     // `wal` starts a cluster of its own, with its checkpoints pushed out of the drains.
-    let sections: [(&str, Section, bool); 6] = [
+    let sections: [(&str, Section, bool); 7] = [
         ("write", write::section, false),
         ("drain", drain::section, true),
         ("scale", scale::section, true),
         ("peers", peers::section, false),
         ("latency", latency::section, true),
         ("wal", wal::section, false),
+        ("soak", soak::section, true),
     ];
     // How long each section took (the last one is timed when the loop ends).
     let started = std::time::Instant::now();
     let mut took: Vec<(&str, std::time::Instant)> = Vec::new();
     for (name, section, private) in sections {
-        if !(args.only.is_empty() || args.only.iter().any(|o| o == name)) {
+        // The soak takes half an hour: it runs only when named.
+        let named = args.only.iter().any(|o| o == name);
+        if !(named || args.only.is_empty() && name != "soak") {
             continue;
         }
         took.push((name, std::time::Instant::now()));

@@ -185,7 +185,24 @@ pub fn rate_over_time(
     title: &str,
     series: &[(String, Vec<(f64, f64)>)],
 ) -> Result<(), String> {
-    guarded("drain-rate plot", || {
+    lines(
+        path,
+        title,
+        "seconds since the drain started",
+        "events published per second",
+        series,
+    )
+}
+
+/// Lines of (x, y), one per series, on linear axes from 0.
+pub fn lines(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Result<(), String> {
+    guarded(title, || {
         let t_max = series
             .iter()
             .flat_map(|(_, s)| s.iter().map(|p| p.0))
@@ -195,7 +212,7 @@ pub fn rate_over_time(
             .flat_map(|(_, s)| s.iter().map(|p| p.1))
             .fold(0.0f64, f64::max);
         if t_max <= 0.0 {
-            return Err("no drain samples to plot".into());
+            return Err("no samples to plot".into());
         }
         let root = BitMapBackend::new(path, (1000, 560)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
@@ -208,8 +225,8 @@ pub fn rate_over_time(
             .map_err(err)?;
         chart
             .configure_mesh()
-            .x_desc("seconds since the drain started")
-            .y_desc("events published per second")
+            .x_desc(x_desc)
+            .y_desc(y_desc)
             .x_label_formatter(&|v| format!("{v:.1}"))
             .y_label_formatter(&|v| crate::common::fmt_n(*v))
             .label_style(("sans-serif", 15))
