@@ -137,7 +137,10 @@ fn main() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     // The command as it was given, so that a report made with `--only` or `--out` says so.
-    let given: Vec<String> = std::env::args().skip(1).collect();
+    let given: Vec<String> = std::env::args()
+        .skip(1)
+        .map(|a| if a.is_empty() { "\"\"".into() } else { a })
+        .collect();
     let cmd = format!("cargo run --release -p outbox-bench -- {}", given.join(" "));
     let cmd = cmd.trim_end();
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -13,8 +13,8 @@
 -- turn.
 --
 -- This analyses such partitions at once: those holding at least 8 pages (a few hundred rows)
--- with no statistics for published_at. Stream relays call it every second
--- (`PgRelayStore`, STREAM_STATS_CHECK): a query of the catalogue, and an ANALYZE (30,000
+-- with no statistics for published_at. Stream relays call it every second (`STATS_CHECK` in
+-- outbox-diesel/src/relay/pg/stream.rs): a query of the catalogue, and an ANALYZE (30,000
 -- sampled rows at most) once per partition. ANALYZE takes SHARE UPDATE EXCLUSIVE on the
 -- partition (writers and readers go on; it waits for autovacuum or a rotation there, for at
 -- most `lock_wait`, else the partition is left for the next call). A role that does not own

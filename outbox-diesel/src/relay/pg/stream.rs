@@ -110,8 +110,9 @@ struct StatsRow {
 /// payload lookups), by the partition's name 1.0–15.1 ms (435 buffers) and 56–96 ms, as the
 /// plain table's 1.8–15.0 ms and 46–148 ms; pruning by slot through the parent
 /// (`slot = ANY(…)`, and the row's slot in the lookup) removed the other partitions'
-/// nodes but left both costs. The bench's drain on the ring was 0.72–0.74x the plain
-/// table's with one relay before this.
+/// nodes but left both costs. The bench's drain (one relay, null publisher) went from
+/// 0.74x / 0.72x the plain table's at batch 100 / 1,000 to 0.80x / 0.98x (two relays:
+/// 0.85x / 0.99x to 0.97x / 1.05x; docs/BENCHMARKS.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Ring {
     slots: i64,
