@@ -95,7 +95,7 @@ fn parts(conn: &mut PgConnection) -> QueryResult<Vec<Part>> {
         "SELECT s.relname::text AS name, s.n_live_tup AS live, s.n_dead_tup AS dead, \
          pg_total_relation_size(s.relid) AS bytes, s.autovacuum_count AS autovacuums, \
          pg_database_size(current_database()) AS db_bytes, \
-         pg_current_xact_id()::text::bigint AS xid \
+         pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xid \
          FROM pg_stat_user_tables s \
          WHERE s.relid = 'outbox_events'::regclass \
             OR s.relid IN (SELECT relid FROM pg_partition_tree('outbox_events') WHERE isleaf) \

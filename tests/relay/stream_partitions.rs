@@ -448,3 +448,43 @@ async fn stream_relay_analyses_partitions_without_statistics() {
     let plain_status = admin(&plain).await.status().await.unwrap();
     assert!(plain_status.stream.and_then(|s| s.ring).is_none());
 }
+
+/// A statistics check that fails (here made to raise, as an `ANALYZE` cut by the statement
+/// timeout would) is not the claim's failure: no claim fails (without it, the claim that ran
+/// the check failed, once a second, each waiting out an outage backoff), the relay goes on
+/// publishing, and tries the check again later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_statistics_check_does_not_stop_the_stream_relay() {
+    let db = Postgres::database("stream_stats_failing");
+    Postgres::exec(&db, "SELECT outbox_partition_events(4, 10000000)");
+    Postgres::exec(
+        &db,
+        "CREATE OR REPLACE FUNCTION outbox_analyze_partitions(lock_wait interval) \
+         RETURNS integer LANGUAGE plpgsql AS $$ BEGIN \
+         RAISE EXCEPTION 'canceling statement due to statement timeout'; END $$",
+    );
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    for n in 1..=20 {
+        insert(&mut conn, "a", n);
+    }
+    let broker = Arc::new(MemoryBroker::new());
+    let (stop, relay, stats) = start_with(&db, &broker, stream_config());
+    let ok = wait_for(20, || delivered(&broker).len() >= 20).await;
+    // Past a second more: the check has been due again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for n in 21..=30 {
+        insert(&mut conn, "a", n);
+    }
+    let more = wait_for(20, || delivered(&broker).len() >= 30).await;
+    stop.send(()).unwrap();
+    relay.await.unwrap();
+    assert!(ok && more, "{} of 30 published", delivered(&broker).len());
+    assert!(out_of_order(&delivered(&broker)).is_empty());
+    assert_eq!(
+        stats
+            .store_errors
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "a claim failed"
+    );
+}

@@ -84,6 +84,9 @@ const RELEASE_CHECK: Duration = Duration::from_secs(1);
 /// but the function call).
 const STATS_CHECK: Duration = Duration::from_secs(1);
 
+/// How long the statistics check waits after it failed.
+const STATS_RETRY: Duration = Duration::from_secs(60);
+
 /// `outbox_analyze_partitions`, waiting at most 200 ms for each partition's lock, and the
 /// ring's layout (none on a table that is not partitioned).
 const ANALYZE_PARTITIONS: &str = "SELECT outbox_analyze_partitions('200 milliseconds')::bigint AS n, \
@@ -635,17 +638,27 @@ impl PgRelayStore {
             let r = Prepared(diesel::sql_query(ANALYZE_PARTITIONS))
                 .get_result::<StatsRow>(conn)
                 .await;
-            let row = self.base.check("analyse new partitions", r)?;
-            self.stream.ring = match (row.slots, row.slot_xids) {
-                (Some(slots), Some(slot_xids)) => Some(Ring { slots, slot_xids }),
-                _ => None,
-            };
-            let analysed = row.n;
-            if analysed > 0 {
-                tracing::info!(
-                    analysed,
-                    "outbox partitions analysed (they had no statistics)"
-                );
+            // Not the claim's failure: an ANALYZE cut by the statement timeout (a slow disk,
+            // a huge partition) would otherwise fail every claim, each second, for as long as
+            // it lasts. The claim goes on (a database outage fails it next, as any claim);
+            // the check waits STATS_RETRY, and the ring's layout stays as last read.
+            match self.base.check("analyse new partitions", r) {
+                Ok(row) => {
+                    self.stream.ring = match (row.slots, row.slot_xids) {
+                        (Some(slots), Some(slot_xids)) => Some(Ring { slots, slot_xids }),
+                        _ => None,
+                    };
+                    if row.n > 0 {
+                        tracing::info!(
+                            analysed = row.n,
+                            "outbox partitions analysed (they had no statistics)"
+                        );
+                    }
+                }
+                Err(e) => {
+                    self.stream.next_stats_check = Some(Instant::now() + STATS_RETRY);
+                    tracing::warn!(error = %e, retry_in = ?STATS_RETRY, "could not analyse new partitions");
+                }
             }
         }
         // A bounded delta can hold nothing for this relay (its rows were all seen by the last
@@ -804,13 +817,16 @@ impl PgRelayStore {
         let batch = i64::try_from(read).unwrap_or(i64::MAX - 1);
         // The xid range of the deltas: `[lowest xmin of the last snapshots, highest xmax of
         // the snapshots they end at)`, the range the scans read.
-        let range = positions
-            .iter()
-            .try_fold((i64::MAX, i64::MIN), |(lo, hi), p| {
-                let (xmin, _) = snapshot_bounds(&p.last_snap)?;
-                let (_, xmax) = snapshot_bounds(&p.cur_snap)?;
-                Some((lo.min(xmin), hi.max(xmax)))
-            });
+        // (On the ring only.)
+        let range = ring.and_then(|_| {
+            positions
+                .iter()
+                .try_fold((i64::MAX, i64::MIN), |(lo, hi), p| {
+                    let (xmin, _) = snapshot_bounds(&p.last_snap)?;
+                    let (_, xmax) = snapshot_bounds(&p.cur_snap)?;
+                    Some((lo.min(xmin), hi.max(xmax)))
+                })
+        });
         self.stream.last_xmin = range.map(|(lo, _)| lo);
         let candidates_sql = match ring.zip(range).and_then(|(r, (lo, hi))| r.slot_of(lo, hi)) {
             Some(slot) => std::borrow::Cow::Owned(on_partition(CANDIDATES, slot)),
