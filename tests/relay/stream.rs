@@ -90,7 +90,20 @@ pub(crate) fn start_with(
     broker: &Arc<MemoryBroker>,
     config: RelayConfig,
 ) -> Started {
-    let store = PgRelayStore::new(&db.url);
+    start_reading(db, broker, config, None)
+}
+
+/// The same, its store reading `read_ahead` rows at least (`None`: the store's default).
+pub(crate) fn start_reading(
+    db: &TestDatabase,
+    broker: &Arc<MemoryBroker>,
+    config: RelayConfig,
+    read_ahead: Option<usize>,
+) -> Started {
+    let mut store = PgRelayStore::new(&db.url);
+    if let Some(rows) = read_ahead {
+        store = store.stream_read_ahead(rows);
+    }
     let relay = Relay::new(store, broker.clone(), config).unwrap();
     let stats = relay.stats();
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
@@ -316,14 +329,30 @@ impl Rng {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_relays_killed_at_random_lose_nothing_and_keep_order() {
     let db = Postgres::database("stream_random");
-    random_kills(&db, stream_config).await;
+    random_kills(&db, stream_config, None).await;
 }
 
-/// The randomized test's body: writers, relays with `config()` (each its own relay id)
-/// killed and started at random over `db`; returns what was committed.
+/// The same with batches of 4 and reads of 8 rows: each second batch is the last of its read,
+/// and the next read is made while it is published, from where its positions will be; most
+/// batches are published before the positions of the one before are written. The kills then
+/// land between a publish and the write it owes, and between a read and the batch it assumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_relays_reading_beside_their_publishes_killed_at_random_lose_nothing() {
+    let db = Postgres::database("stream_random_beside");
+    let config = || RelayConfig {
+        batch_size: 4,
+        ..stream_config()
+    };
+    random_kills(&db, config, Some(8)).await;
+}
+
+/// The randomized test's body: writers, relays with `config()` (each its own relay id, its
+/// store reading `read_ahead` rows at least) killed and started at random over `db`; returns
+/// what was committed.
 pub(crate) async fn random_kills(
     db: &TestDatabase,
     config: impl Fn() -> RelayConfig,
+    read_ahead: Option<usize>,
 ) -> HashSet<(String, i64)> {
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -378,7 +407,9 @@ pub(crate) async fn random_kills(
     }
 
     let mut rng = Rng(seed);
-    let mut relays: Vec<Started> = (0..2).map(|_| start_with(db, &broker, config())).collect();
+    let mut relays: Vec<Started> = (0..2)
+        .map(|_| start_reading(db, &broker, config(), read_ahead))
+        .collect();
     let (mut kills, mut starts) = (0, 2);
     let began = Instant::now();
     while began.elapsed() < writing {
@@ -391,7 +422,7 @@ pub(crate) async fn random_kills(
         kills += 1;
         let want = 2 + rng.below(3) as usize;
         while relays.len() < want {
-            relays.push(start_with(db, &broker, config()));
+            relays.push(start_reading(db, &broker, config(), read_ahead));
             starts += 1;
         }
     }
@@ -474,21 +505,32 @@ async fn stream_mode_is_refused_where_it_is_not_built() {
 /// attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_failure_holds_the_position_and_outage_counts_no_attempt() {
-    failure_holds_the_position(100).await;
+    failure_holds_the_position(100, None).await;
 }
 
 /// The same with batches of 4 handed out from rows read ahead: x5 is in the third, and the
 /// outages and failures drop the rows read past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_read_ahead_failure_holds_the_position_and_outage_counts_no_attempt() {
-    failure_holds_the_position(4).await;
+    failure_holds_the_position(4, None).await;
+}
+
+/// The same with reads of 8 rows: x5's batch (the third) is the first of a read made while the
+/// second was published; and the fourth batch, read while the failing third was published,
+/// must not be published before x5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_read_beside_a_failing_publish_holds_the_position() {
+    failure_holds_the_position(4, Some(8)).await;
 }
 
 /// x5 (of 20 events of x among 20 others) is unavailable twice (an outage: no attempt), then
 /// refused twice (attempts 1 and 2, with the backoff between), then published at attempt 3;
 /// everything is published once in per-aggregate order.
-async fn failure_holds_the_position(batch_size: usize) {
-    let db = Postgres::database(&format!("stream_fail_{batch_size}"));
+async fn failure_holds_the_position(batch_size: usize, read_ahead: Option<usize>) {
+    let db = Postgres::database(&format!(
+        "stream_fail_{batch_size}_{}",
+        read_ahead.unwrap_or(0)
+    ));
     let broker = Arc::new(MemoryBroker::new());
     let seen: Arc<Mutex<Vec<(&'static str, i32)>>> = Arc::default();
     let is_x5 = |m: &OutboxMessage| m.aggregate_id == "x" && m.payload.contains("\"n\": 5");
@@ -543,7 +585,7 @@ async fn failure_holds_the_position(batch_size: usize) {
         batch_size,
         ..stream_config()
     };
-    let (stop, handle, _) = start_with(&db, &broker, config);
+    let (stop, handle, _) = start_reading(&db, &broker, config, read_ahead);
     let started = Instant::now();
     while delivered(&broker).iter().collect::<HashSet<_>>().len() < 40
         && started.elapsed() < Duration::from_secs(15)
@@ -796,7 +838,18 @@ async fn stream_dead_letter_skipped_lets_its_aggregate_pass() {
 /// aggregates go on, each event once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_read_ahead_follows_failures_and_dead_letters() {
-    let db = Postgres::database("stream_ahead");
+    read_ahead_follows_failures_and_dead_letters(None).await;
+}
+
+/// The same with reads of 6 rows (two batches): half the reads are made while a batch is
+/// published, from where it will leave the positions, among them while x3 and x6 fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_reads_beside_the_publish_follow_failures_and_dead_letters() {
+    read_ahead_follows_failures_and_dead_letters(Some(6)).await;
+}
+
+async fn read_ahead_follows_failures_and_dead_letters(read_ahead: Option<usize>) {
+    let db = Postgres::database(&format!("stream_ahead_{}", read_ahead.unwrap_or(0)));
     let broker = Arc::new(MemoryBroker::new());
     let x3_refusals = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     {
@@ -814,7 +867,7 @@ async fn stream_read_ahead_follows_failures_and_dead_letters() {
         insert(&mut conn, "x", n);
         insert(&mut conn, &format!("y{n}"), 1);
     }
-    let (stop, handle, _) = start_with(&db, &broker, dead_letter_config(3));
+    let (stop, handle, _) = start_reading(&db, &broker, dead_letter_config(3), read_ahead);
     assert!(
         wait_for(15, || stream_dead_letters(&db).len() == 10
             && delivered(&broker).iter().filter(|(a, _)| a != "x").count()
@@ -833,6 +886,48 @@ async fn stream_read_ahead_follows_failures_and_dead_letters() {
     assert_eq!(unique.len(), records.len(), "no event twice: {records:?}");
     assert_eq!(records.len(), 20, "{records:?}");
     assert_dead_then_parked(&stream_dead_letters(&db), "x", 6);
+}
+
+/// A relay stopped gracefully writes the positions it owes (with reads beside the publish,
+/// a batch is published before the positions of the one before it are written): a relay
+/// started after it publishes the rest, and nothing is published twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_stream_relay_owes_no_position() {
+    let db = Postgres::database("stream_owed");
+    let broker = Arc::new(MemoryBroker::new());
+    // 2 ms a message: the first relay is stopped mid-way.
+    broker.fail_when(|_| {
+        std::thread::sleep(Duration::from_millis(2));
+        None
+    });
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    for n in 1..=100 {
+        for a in 0..4 {
+            insert(&mut conn, &format!("a{a}"), n);
+        }
+    }
+    let config = || RelayConfig {
+        batch_size: 4,
+        ..stream_config()
+    };
+    let (stop, handle, _) = start_reading(&db, &broker, config(), Some(8));
+    assert!(wait_for(10, || delivered(&broker).len() >= 100).await);
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    let first = delivered(&broker).len();
+    assert!(
+        first < 400,
+        "the first relay published all {first} before it was stopped"
+    );
+    let (stop, handle, _) = start_reading(&db, &broker, config(), Some(8));
+    assert!(wait_for(20, || delivered(&broker).len() >= 400).await);
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    let records = delivered(&broker);
+    let unique: HashSet<_> = records.iter().collect();
+    assert_eq!(unique.len(), 400, "every event published");
+    assert_eq!(records.len(), 400, "{first} by the first relay, none again");
+    assert!(out_of_order(&records).is_empty(), "{records:?}");
 }
 
 /// A delta larger than a batch, spread over every shard (transactions of 1,000 events over

@@ -314,7 +314,7 @@ async fn stream_relays_killed_at_random_over_rotating_partitions() {
             }
         })
     };
-    let committed = random_kills(&db, config).await;
+    let committed = random_kills(&db, config, None).await;
     burning.store(false, std::sync::atomic::Ordering::Relaxed);
     burner.join().unwrap();
     let left = count(&db, "SELECT count(*) AS n FROM outbox_events");

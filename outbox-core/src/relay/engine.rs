@@ -326,6 +326,9 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 unavailable = tracing::field::Empty,
             );
             self.start_publish(&mut window, batch, span, claimed);
+            // The store's work while the batch is published (stream mode: the last batch's
+            // positions, the next rows); the batch is settled once both are done.
+            self.store.overlap(&claim).await;
         }
 
         // Graceful shutdown: every batch in flight is published and settled; then give up

@@ -348,6 +348,20 @@ pub trait RelayStore: Send + 'static {
         tokio::time::sleep(timeout)
     }
 
+    /// Database work the store may do while the batch `claim` returned is being published:
+    /// the relay calls it once after it starts each publish, and settles that batch when both
+    /// have finished. It must change nothing the relay sees but timing: whatever it leaves
+    /// undone (an error, a fault) is done by the next call that needs it, which reports the
+    /// error. The default does nothing.
+    ///
+    /// PostgreSQL's stream mode uses it to write the positions of the batch settled last and
+    /// to read the rows after the batch in flight (see `PgRelayStore`'s stream notes): without
+    /// it the database waits for each publish and the broker for each write.
+    fn overlap(&mut self, claim: &Claim<'_>) -> impl Future<Output = ()> + Send {
+        let _ = claim;
+        async {}
+    }
+
     /// A second handle on the same database, with a connection of its own, on which the relay
     /// settles its batches ([`complete`](RelayStore::complete), [`fail`](RelayStore::fail),
     /// [`release`](RelayStore::release)) while it claims on this one: the next claim and the

@@ -85,6 +85,15 @@ impl RelayStore for PgRelayStore {
         settle_malformed(self, claim.relay, sorted).await
     }
 
+    /// Stream mode: writes the positions of the batch settled last and reads the rows after
+    /// the batch in flight (see `stream.rs`).
+    async fn overlap(&mut self, claim: &Claim<'_>) {
+        if let ClaimOrder::Stream { dead_letters_block } = claim.order {
+            self.overlap_stream(claim.relay, claim.limit, claim.lease, dead_letters_block)
+                .await;
+        }
+    }
+
     async fn complete(
         &mut self,
         relay: &str,
@@ -181,7 +190,10 @@ impl RelayStore for PgRelayStore {
         relay: &str,
         lease: Duration,
     ) -> Result<ShardAssignment, StoreError> {
+        // Stream mode: positions owed are written while the shards are still this relay's.
+        self.flush_owed(relay).await?;
         let conn = self.base.guarded("rebalance shards", lease).await?;
+        let mut gave_up = false;
         let r = async {
             Prepared(
                 diesel::sql_query(HEARTBEAT)
@@ -217,6 +229,7 @@ impl RelayStore for PgRelayStore {
                     )
                     .execute(conn)
                     .await?;
+                    gave_up = true;
                 }
                 Share::Take(want) => {
                     let taken = Prepared(
@@ -235,10 +248,15 @@ impl RelayStore for PgRelayStore {
             Ok(assignment(owned, live))
         }
         .await;
+        if gave_up {
+            // Stream mode: rows read ahead of the shards given up are their next owner's now.
+            self.stream.drop_ahead();
+        }
         self.base.check("rebalance shards", r)
     }
 
     async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
+        self.flush_owed(relay).await?;
         let Some(conn) = self.base.releasing().await? else {
             return Ok(());
         };

@@ -19,7 +19,7 @@
 //!
 //! One batch in flight (the engine's window is 1 in this mode): a batch's position is where
 //! the next claim starts, so a second claim before the first batch settles would read the
-//! same rows. Failures are held in memory (the rows are never written): the failed event's
+//! same rows (but see "Beside the publish" below). Failures are held in memory (the rows are never written): the failed event's
 //! shard is not claimed until its retry time, and its attempt count lives in the relay (a
 //! restarted relay counts from 1 again).
 //!
@@ -33,6 +33,30 @@
 //! malformed row (the aggregate's later events must be parked, which the read did not know),
 //! a fenced position, a release of dead letters, and age (a quarter of the lease: the read's
 //! lease check is that old).
+//!
+//! ## Beside the publish
+//!
+//! With one batch in flight, the database would wait for each publish and the broker for each
+//! statement. So the store does its statements while the next batch is published
+//! (`RelayStore::overlap`, called by the relay once each publish has started):
+//! - a batch passed whole (every event published or parked) and followed by rows read ahead
+//!   is settled in memory; its `ADVANCE` is *owed* (`StreamState::owed`) and written beside
+//!   the next batch's publish. The next batch may be published first because nothing of this
+//!   one holds an aggregate back; an event that failed, an outage or a dead letter writes at
+//!   once, as before. One write is owed at most: every other statement that reads or moves
+//!   positions (a read, an `ADVANCE`, a release, a rebalance, `release_all` on shutdown)
+//!   writes it first, so the positions in the database never move back or skip;
+//! - when a batch takes the last rows read ahead, the next rows are read while it is
+//!   published, from where its `ADVANCE` will leave the positions if it is passed whole
+//!   (`POSITIONS` takes them given, and adds those of the table for the shards it was not
+//!   given); the read is kept only if the batch is passed whole and every position written,
+//!   else the next claim reads from the database again.
+//!
+//! A fault costs nothing but timing: a write owed and not made (the relay killed) leaves the
+//! positions where the last write put them, and the batch is published again (at least once);
+//! a write or read that fails beside the publish is made by the next call that needs it, which
+//! reports the error as ever. A write owed that is fenced (the shard moved on) drops the rows
+//! read ahead; the next owner publishes from the last position written.
 //!
 //! Retention (the store's `cleanup`, `outbox cleanup`, the relay's `--retention-hours`)
 //! deletes the rows the positions passed once they committed more than the retention ago,
@@ -172,10 +196,22 @@ const IDLE_ADVANCE: Duration = Duration::from_secs(1);
 /// shard (more when one transaction wrote more), which keeps a claim's scan about a batch
 /// long however large the backlog (see [`CANDIDATES`]). X is above the last snapshot's
 /// xmin, so positions always move on.
+///
+/// The positions of the shards in `$3` are taken as given (`$3`..`$7`: shard, last snapshot,
+/// the snapshot being consumed or null, cursor, version) instead of from the table: a read
+/// made while a batch is in flight starts where that batch's `ADVANCE` will leave them (see
+/// `overlap_stream`). Empty arrays: every position from the table.
 pub const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
+         SELECT g.shard, g.last_snap::pg_snapshot AS last_snapshot, \
+             g.cur_snap::pg_snapshot AS cur_snapshot, g.cur_seq, g.version \
+         FROM unnest($3::smallint[], $4::text[], $5::text[], $6::int8[], $7::int8[]) \
+             AS g(shard, last_snap, cur_snap, cur_seq, version) \
+         JOIN outbox_shard_leases l ON l.shard = g.shard \
+         WHERE l.owner = $1 AND l.lease_until > now() \
+         UNION ALL \
          SELECT p.shard, p.last_snapshot, p.cur_snapshot, p.cur_seq, p.version \
          FROM outbox_stream_positions p JOIN outbox_shard_leases l ON l.shard = p.shard \
-         WHERE l.owner = $1 AND l.lease_until > now()), \
+         WHERE l.owner = $1 AND l.lease_until > now() AND p.shard <> ALL($3::smallint[])), \
      per AS (SELECT greatest(1, $2 / greatest(1, count(*)))::bigint AS k FROM mine), \
      snap AS (SELECT pg_current_snapshot() AS s) \
      SELECT m.shard, m.last_snapshot::text AS last_snap, \
@@ -430,6 +466,7 @@ impl Outcome {
 
 /// The batch in flight: what is needed to advance its shards' positions (a delta), or to
 /// settle its rows in `outbox_stream_dead_letters` (a release: no positions).
+#[derive(Clone)]
 struct Pending {
     /// A release batch: its rows are copies in `outbox_stream_dead_letters`.
     release: bool,
@@ -469,6 +506,10 @@ struct Ahead {
     full: bool,
     rows: std::collections::VecDeque<AheadRow>,
     read_at: Instant,
+    /// Read while the batch in flight was published (`overlap_stream`): `positions` are
+    /// already where that batch's `ADVANCE` leaves them, so the rows are kept only if the
+    /// batch is passed whole.
+    assumes: bool,
 }
 
 /// Stream mode's state in the store (in memory: the database holds only the positions).
@@ -479,6 +520,9 @@ pub(super) struct StreamState {
     /// Rows read past the batch in flight, for the next claims (see `claim_stream_round`).
     ahead: Option<Ahead>,
     pending: Option<Pending>,
+    /// A batch settled in memory whose `ADVANCE` is not yet written: a clean batch followed by
+    /// rows read ahead, written while the next batch is published (see the module's notes).
+    owed: Option<Pending>,
     /// Shards not to claim before then (a failed event waits for its retry).
     holds: HashMap<i16, Instant>,
     /// Failed attempts so far of events that failed and are not yet published.
@@ -501,6 +545,11 @@ impl StreamState {
             read_ahead: READ_AHEAD,
             ..StreamState::default()
         }
+    }
+
+    /// Forgets the rows read ahead: the next claim reads from the positions again.
+    pub(super) fn drop_ahead(&mut self) {
+        self.ahead = None;
     }
 
     /// Whether a stream batch is in flight (so `complete`, `fail` and `release` are its).
@@ -566,6 +615,48 @@ fn advanced(p: &Pending) -> Vec<Advance> {
         }
     }
     out
+}
+
+/// Whether every event of `p` was published or parked: nothing of it holds an aggregate back
+/// (a failure holds its shard, an outage hands the batch back, a new dead letter parks the
+/// aggregate's later events, which a read made before it did not know of).
+fn clean(p: &Pending) -> bool {
+    p.outcomes
+        .values()
+        .all(|o| matches!(o, Outcome::Published | Outcome::Parked(_)))
+}
+
+/// Where `p`'s `ADVANCE` will leave its positions if every event of it is passed: each
+/// position, with the snapshot being consumed (`None`: the delta is exhausted, the next one
+/// starts), as `POSITIONS` takes them given. (Without the consumed deltas of the batches
+/// before `p`, which were passed on as deltas ending where they start, the reads beside the
+/// publish came back with a few rows each: 30 reads of the 20,000-row drain where 17 did.)
+fn assumed_positions(p: &Pending) -> Vec<(PositionRow, Option<String>)> {
+    let mut all = p.clone();
+    for (seq, _) in &p.rows {
+        all.outcomes.entry(*seq).or_insert(Outcome::Published);
+    }
+    let next = advanced(&all);
+    p.positions
+        .iter()
+        .map(
+            |pos| match next.iter().find(|a| a.next.shard == pos.shard) {
+                Some(a) => (
+                    PositionRow {
+                        version: a.next.version + 1,
+                        ..a.next.clone()
+                    },
+                    a.cur.clone(),
+                ),
+                // A delta consumed by an earlier batch of the read (`advanced` left its end as
+                // its new start: a delta never ends where it starts) is over: the next starts.
+                None => (
+                    pos.clone(),
+                    (pos.cur_snap != pos.last_snap).then(|| pos.cur_snap.clone()),
+                ),
+            },
+        )
+        .collect()
 }
 
 /// The rows of `batch` to copy into `outbox_stream_dead_letters`, as `ADVANCE`'s and
@@ -696,7 +787,7 @@ impl PgRelayStore {
             .stream
             .ahead
             .take()
-            .filter(|a| a.rows.len() >= limit && a.read_at.elapsed() < lease / 4);
+            .filter(|a| a.rows.len() >= limit && a.read_at.elapsed() < lease / 4 && !a.assumes);
         let (mut ahead, bounded) = match kept {
             Some(ahead) => (ahead, false),
             None => {
@@ -704,7 +795,7 @@ impl PgRelayStore {
                 let batches = self.stream.read_ahead.div_ceil(limit.max(1)).max(1);
                 let read = limit.saturating_mul(batches);
                 match self
-                    .read_delta(relay, read, limit, lease, dead_letters_block)
+                    .read_delta(relay, read, limit, lease, dead_letters_block, None)
                     .await?
                 {
                     Some(read) => read,
@@ -765,7 +856,9 @@ impl PgRelayStore {
 
     /// Reads the next `read` rows (at least the batch, `limit`) of the held shards' deltas
     /// (`POSITIONS`, then `CANDIDATES`), and whether a delta's end is a bound; `None` if the
-    /// relay holds no shard it may claim.
+    /// relay holds no shard it may claim. The positions are the table's, but those `given`
+    /// (with the snapshot being consumed, if any), which are where the batch in flight will
+    /// leave them; without `given`, the batch settled last is written first.
     async fn read_delta(
         &mut self,
         relay: &str,
@@ -773,7 +866,17 @@ impl PgRelayStore {
         limit: usize,
         lease: Duration,
         dead_letters_block: bool,
+        given: Option<&[(PositionRow, Option<String>)]>,
     ) -> Result<Option<(Ahead, bool)>, StoreError> {
+        if given.is_none() {
+            self.flush_owed(relay).await?;
+        }
+        let given = given.unwrap_or_default();
+        let g_shards: Vec<i16> = given.iter().map(|(p, _)| p.shard).collect();
+        let g_lasts: Vec<&str> = given.iter().map(|(p, _)| p.last_snap.as_str()).collect();
+        let g_curs: Vec<Option<&str>> = given.iter().map(|(_, c)| c.as_deref()).collect();
+        let g_cursors: Vec<i64> = given.iter().map(|(p, _)| p.cur_seq).collect();
+        let g_versions: Vec<i64> = given.iter().map(|(p, _)| p.version).collect();
         // Reading ahead, the deltas are bounded at twice the read, so that a read is full (its
         // batches whole) however the bounds of the shards fall: read 1,000 at batch 100 with
         // deltas bounded at 1,000 rows, reads came back with 268 and 732 rows once the shards'
@@ -799,7 +902,12 @@ impl PgRelayStore {
         let r = Prepared(
             diesel::sql_query(positions_sql)
                 .bind::<Text, _>(relay)
-                .bind::<BigInt, _>(i64::try_from(bound).unwrap_or(i64::MAX)),
+                .bind::<BigInt, _>(i64::try_from(bound).unwrap_or(i64::MAX))
+                .bind::<Array<SmallInt>, _>(&g_shards)
+                .bind::<Array<Text>, _>(&g_lasts)
+                .bind::<Array<Nullable<Text>>, _>(&g_curs)
+                .bind::<Array<BigInt>, _>(&g_cursors)
+                .bind::<Array<BigInt>, _>(&g_versions),
         )
         .load::<PositionRow>(conn)
         .await;
@@ -880,6 +988,7 @@ impl PgRelayStore {
             full,
             rows,
             read_at,
+            assumes: false,
         };
         Ok(Some((ahead, bounded)))
     }
@@ -987,6 +1096,21 @@ impl PgRelayStore {
         for seq in &counted {
             *self.stream.attempts.entry(*seq).or_insert(0) += 1;
         }
+        if !p.release && clean(&p) && self.stream.ahead.is_some() {
+            // Passed whole, and rows read ahead follow it: their next batch may be published
+            // before these positions are written (`overlap_stream` writes them meanwhile),
+            // since nothing of this batch holds an aggregate back. One write owed at most.
+            if let Err(e) = self.flush_owed(relay).await {
+                self.stream.pending = Some(p);
+                return Err(e);
+            }
+            let next = advanced(&p);
+            self.keep_ahead(&p, &next, true);
+            if !next.is_empty() {
+                self.stream.owed = Some(p);
+            }
+            return Ok(n);
+        }
         // Put back if not written: the engine calls again.
         let written = if p.release {
             self.settle_release(relay, &p).await
@@ -1023,15 +1147,49 @@ impl PgRelayStore {
     }
 
     /// Writes the positions `p` comes to, with the copies of the dead letters and parked
-    /// events they pass; `true` if some were fenced (not written).
+    /// events they pass (after the write owed, if any); `true` if some were fenced (not
+    /// written).
     async fn advance(&mut self, relay: &str, p: &Pending) -> Result<bool, StoreError> {
+        self.flush_owed(relay).await?;
         let next = advanced(p);
         if next.is_empty() {
             self.keep_ahead(p, &next, true);
             return Ok(false);
         }
+        let all = self.write_advance(relay, p, &next).await?;
+        self.keep_ahead(p, &next, all);
+        Ok(!all)
+    }
+
+    /// Writes the positions of the batch settled last, if they are owed (see `owed`); the
+    /// rows read ahead go if some were fenced. Kept owed if the write fails.
+    pub(super) async fn flush_owed(&mut self, relay: &str) -> Result<(), StoreError> {
+        let Some(p) = self.stream.owed.take() else {
+            return Ok(());
+        };
+        match self.write_advance(relay, &p, &advanced(&p)).await {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                self.stream.ahead = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.stream.owed = Some(p);
+                Err(e)
+            }
+        }
+    }
+
+    /// `ADVANCE` of `next`, batch `p`'s positions; whether every one was written (else some
+    /// were fenced, and logged).
+    async fn write_advance(
+        &mut self,
+        relay: &str,
+        p: &Pending,
+        next: &[Advance],
+    ) -> Result<bool, StoreError> {
         let mut dead = DeadRows::default();
-        for a in &next {
+        for a in next {
             for seq in &a.passed {
                 if let Some(outcome) = p.outcomes.get(seq) {
                     dead.push(*seq, outcome, &self.stream.attempts);
@@ -1066,8 +1224,7 @@ impl PgRelayStore {
                 "stream positions not advanced: their shards moved to another relay"
             );
         }
-        self.keep_ahead(p, &next, written == next.len());
-        Ok(written < next.len())
+        Ok(written == next.len())
     }
 
     /// After `ADVANCE` wrote `next` for batch `p` (`all`: every position of it), the rows
@@ -1079,12 +1236,12 @@ impl PgRelayStore {
         let Some(ahead) = self.stream.ahead.as_mut() else {
             return;
         };
-        let clean = p
-            .outcomes
-            .values()
-            .all(|o| matches!(o, Outcome::Published | Outcome::Parked(_)));
-        if !(all && clean) {
+        if !(all && clean(p)) {
             self.stream.ahead = None;
+            return;
+        }
+        if std::mem::take(&mut ahead.assumes) {
+            // Read at the positions `next` (see `overlap_stream`).
             return;
         }
         for a in next {
@@ -1097,9 +1254,55 @@ impl PgRelayStore {
         }
     }
 
+    /// While the batch in flight is published (`RelayStore::overlap`): writes the positions
+    /// owed by the batch before it, then, if the batch took the last rows read ahead, reads the
+    /// next ones from where its `ADVANCE` will leave the positions (every row passed), so that
+    /// the claim after it is served from memory. The read is kept only if the batch is passed
+    /// whole and every position written (`keep_ahead`), and for a quarter of the lease as any
+    /// read. Errors are left to the calls that need the work: the next settle writes what is
+    /// owed, the next claim reads.
+    pub(super) async fn overlap_stream(
+        &mut self,
+        relay: &str,
+        limit: usize,
+        lease: Duration,
+        dead_letters_block: bool,
+    ) {
+        if let Err(e) = self.flush_owed(relay).await {
+            tracing::debug!(error = %e, "stream positions not written beside the publish");
+            return;
+        }
+        let Some(p) = self.stream.pending.as_ref().filter(|p| !p.release) else {
+            return;
+        };
+        if self
+            .stream
+            .ahead
+            .as_ref()
+            .is_some_and(|a| a.rows.len() >= limit)
+        {
+            return;
+        }
+        let given = assumed_positions(p);
+        let batches = self.stream.read_ahead.div_ceil(limit.max(1)).max(1);
+        let read = limit.saturating_mul(batches);
+        match self
+            .read_delta(relay, read, limit, lease, dead_letters_block, Some(&given))
+            .await
+        {
+            Ok(Some((mut ahead, _))) if ahead.rows.len() >= limit => {
+                ahead.assumes = true;
+                self.stream.ahead = Some(ahead);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "stream rows not read beside the publish"),
+        }
+    }
+
     /// Settles a release batch: deletes the copies published, makes those that failed for
     /// good dead letters again; `true` if some were fenced (their shard moved on).
     async fn settle_release(&mut self, relay: &str, p: &Pending) -> Result<bool, StoreError> {
+        self.flush_owed(relay).await?;
         let published: Vec<i64> = p
             .rows
             .iter()
