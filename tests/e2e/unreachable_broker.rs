@@ -24,8 +24,13 @@ const CUT: Duration = Duration::from_secs(15);
 /// The most log lines the relay may write while the broker is cut for [`CUT`].
 const MAX_LINES: usize = 20;
 
+/// Writes one order beside a running relay: SQLite has one writer at a time, so the connection
+/// waits for the relay's claim or mark to commit (`busy_timeout`, as any application writing to
+/// a SQLite file that a relay shares must set) instead of failing with "database is locked".
 fn write_order(url: &str, order_id: i64) {
     let mut conn = diesel::SqliteConnection::establish(url).unwrap();
+    diesel::connection::SimpleConnection::batch_execute(&mut conn, "PRAGMA busy_timeout = 5000")
+        .unwrap();
     conn.transaction_with_outbox(|tx| {
         tx.publish(&OrderCreated {
             order_id,

@@ -69,6 +69,9 @@ pub(super) fn before(at: DateTime<Utc>, d: Duration) -> String {
 /// application's writes). Every mode works, and several relays stay correct (each waits
 /// for the lock up to `busy_timeout`, 5 s or a third of the lease if shorter, then fails the
 /// call and retries), but a second relay only makes sense as a standby in leader mode.
+/// The application's own connections need a `PRAGMA busy_timeout` too (SQLite's default is
+/// 0): without one, a write that meets the relay's claim or mark fails at once with
+/// "database is locked" instead of waiting the few milliseconds that statement takes.
 ///
 /// Differences of means from `PgRelayStore`:
 ///
