@@ -1,10 +1,12 @@
 #!/bin/bash
 # Stream mode's partition ring (`outbox partition`) against the plain table, with pgbench on
-# the shared PostgreSQL: the write path (one-row and 1,000-row transactions, 2 clients, 10 s
-# each), then one-row writers for 20 s without and with a rotation every 200 ms (ring of 4 x
-# 3,000 transaction ids, positions moved to the current snapshot before each), per-transaction
-# latency from pgbench's log. Needs the `outbox` binary (`cargo build --all-features`).
-# Figures: docs/BENCHMARKS.md, hand notes ("The partition ring").
+# the shared PostgreSQL: the write path (SCRIPTS, default 'one thousand': one-row and 1,000-row
+# transactions; 2 clients, SECS (10) s a run, ROUNDS (5) rounds, each layout after a
+# checkpoint, the order alternating; PGOPTIONS='-c synchronous_commit=off' takes the commit's
+# fsync out), then one-row writers for 20 s without and with a rotation every 200 ms (ring of
+# 4 x 3,000 transaction ids, positions moved to the current snapshot before each),
+# per-transaction latency from pgbench's log. Needs the `outbox` binary (`cargo build
+# --all-features`). Figures: docs/BENCHMARKS.md, hand notes ("The partition ring").
 set -e
 PG="-h ${PGHOST:-127.0.0.1} -U ${PGUSER:-postgres}"
 BIN=$(realpath "${OUTBOX_BIN:-target/debug/outbox}")
@@ -19,19 +21,31 @@ setup() { # name, partition args or empty
   psql $PG -qc "DROP DATABASE IF EXISTS $1" -c "CREATE DATABASE $1" postgres 2>/dev/null
   $BIN migrate --database-url postgres://postgres@127.0.0.1/$1 >/dev/null
   if [ -n "$2" ]; then psql $PG -qAtc "SELECT outbox_partition_events($2)" $1 >/dev/null; fi
+  # Every run starts after a checkpoint: a run of 1,000-row transactions writes hundreds of MB
+  # of WAL, and the checkpoint it sets off would otherwise slow the run after it.
+  psql $PG -qc "CHECKPOINT" $1
 }
 bench() { # db, script, secs -> tps
   pgbench $PG -n -c 2 -j 2 -T $3 -f $2 $1 2>/dev/null | awk '/^tps/ {print $3}'
 }
-for round in 1; do
-  for layout in plain ring; do
-    db=rot_$layout; args=""; [ $layout = ring ] && args="4, 10000000"
-    setup $db "$args"
-    echo "round $round $layout one-row tps $(bench $db one.sql 10)"
-    setup $db "$args"
-    echo "round $round $layout 1000-row tps $(bench $db thousand.sql 10)"
+# ROUNDS rounds (default 5), each layout after the other within a round so that both share
+# the machine's noise; then the medians and ring / plain per script.
+for round in $(seq "${ROUNDS:-5}"); do
+  for script in ${SCRIPTS:-one thousand}; do
+    # Which layout goes first alternates between rounds.
+    for layout in $([ $((round % 2)) = 1 ] && echo plain ring || echo ring plain); do
+      db=rot_$layout; args=""; [ $layout = ring ] && args="4, 10000000"
+      setup $db "$args"
+      echo "round $round $layout $script tps $(bench $db $script.sql ${SECS:-10})"
+    done
   done
-done
+done | tee rounds.log
+awk '{v[$3" "$4][++n[$3" "$4]]=$6} END {
+  for (s in n) { m=asort(v[s]); med[s]=(m%2 ? v[s][(m+1)/2] : (v[s][m/2]+v[s][m/2+1])/2) }
+  for (k in med) printf "median %s tps %.1f\n", k, med[k]
+  for (s in n) if (s ~ /^ring / && (p = "plain " substr(s, 6)) in med)
+    printf "ring / plain (medians), %s: %.3f\n", substr(s, 6), med[s] / med[p]
+}' rounds.log
 # Stalls: one-row writers for 30 s with a rotation every 200 ms (ring of 4 x 3,000 xids),
 # against the same without rotations; per-transaction latency from pgbench's log.
 stall() { # label, rotate?

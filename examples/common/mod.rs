@@ -48,8 +48,16 @@ impl SqliteDb {
         db
     }
 
+    /// A connection that waits up to 5 s for another writer (a relay's claim or mark) instead
+    /// of failing at once with "database is locked": SQLite's default `busy_timeout` is 0.
     pub fn conn(&self) -> SqliteConnection {
-        SqliteConnection::establish(&self.path).expect("open the SQLite file")
+        let mut conn = SqliteConnection::establish(&self.path).expect("open the SQLite file");
+        diesel::connection::SimpleConnection::batch_execute(
+            &mut conn,
+            "PRAGMA busy_timeout = 5000",
+        )
+        .expect("set busy_timeout");
+        conn
     }
 }
 

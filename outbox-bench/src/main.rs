@@ -86,14 +86,21 @@ type Section = fn(&Ctx, &mut String);
 /// stream mode's partition ring (`outbox partition`), for an A/B of that layout against the
 /// plain table: every PostgreSQL section then runs on it.
 pub fn prepare(conn: &mut PgConnection) {
-    outbox::migrations::run(conn).expect("migrate");
-    if let Ok(ring) = std::env::var("OUTBOX_BENCH_PARTITION") {
-        let (slots, xids) = ring
-            .split_once(',')
+    let ring = std::env::var("OUTBOX_BENCH_PARTITION").ok().map(|ring| {
+        ring.split_once(',')
             .and_then(|(s, x)| Some((s.trim().parse::<u16>().ok()?, x.trim().parse::<u64>().ok()?)))
             .unwrap_or_else(|| {
                 panic!("OUTBOX_BENCH_PARTITION must be <slots>,<slot_xids>, got {ring:?}")
-            });
+            })
+    });
+    prepare_layout(conn, ring);
+}
+
+/// [`prepare`] with the event table on the plain layout (`None`) or turned into a ring of
+/// `slots` partitions of `slot_xids` transaction ids each (`Some((slots, slot_xids))`).
+pub fn prepare_layout(conn: &mut PgConnection, ring: Option<(u16, u64)>) {
+    outbox::migrations::run(conn).expect("migrate");
+    if let Some((slots, xids)) = ring {
         exec(
             conn,
             &format!("SELECT outbox_partition_events({slots}, {xids})"),

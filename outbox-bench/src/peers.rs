@@ -235,7 +235,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
     let batch = 100usize;
     // The peers publish at a steady rate far below the backlog's size; a drain stopped at the
     // cap reports its rate over what it published.
-    let cap = Duration::from_secs(if quick { 10 } else { 60 });
+    let cap = Duration::from_secs(if quick { 5 } else { 60 });
     let built = build();
 
     let mut conn = PgConnection::establish(&ctx.url).expect("connect");

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use outbox::prelude::*;
+use outbox::relay::partitions::{DEFAULT_SLOT_XIDS, DEFAULT_SLOTS};
 
 use crate::common::schema::bench_orders;
 use crate::common::*;
@@ -249,58 +250,101 @@ struct Timing {
     reset_each_run: bool,
 }
 
-/// A variant and, on PostgreSQL, whether NOTIFY is on.
-type Variant = (Write, Option<bool>);
+/// A variant: what a transaction writes, on PostgreSQL whether NOTIFY is on, and into which
+/// database of the table's (0: the plain event table of the lease modes; 1, on PostgreSQL:
+/// stream mode's partition ring).
+#[derive(Clone, Copy)]
+struct Variant {
+    w: Write,
+    notify: Option<bool>,
+    ring: bool,
+}
+
+impl Variant {
+    const fn plain(w: Write, notify: Option<bool>) -> Variant {
+        Variant {
+            w,
+            notify,
+            ring: false,
+        }
+    }
+}
 
 const PLAIN: [Variant; 4] = [
-    (Write::Business, None),
-    (Write::HandWritten, None),
-    (Write::Ours1, None),
-    (Write::Ours10, None),
+    Variant::plain(Write::Business, None),
+    Variant::plain(Write::HandWritten, None),
+    Variant::plain(Write::Ours1, None),
+    Variant::plain(Write::Ours10, None),
 ];
 
-/// The table of `variants` on database `url`, at 1, 4 and 16 writers. The first two variants
-/// must be (a) and (b): the ratios are taken against them. A NOTIFY column is shown when a
-/// variant sets it.
-fn table<C: Backend>(url: &str, variants: &[Variant], t: Timing, md: &mut String) {
-    let notify_col = variants.iter().any(|(_, n)| n.is_some());
-    let head = if notify_col {
-        "| writers | variant | NOTIFY | tx/s | events/s | ours / hand-written | ours / business-only |\n|---|---|---|---|---|---|---|"
-    } else {
-        "| writers | variant | tx/s | events/s | ours / hand-written | ours / business-only |\n|---|---|---|---|---|---|"
-    };
-    let _ = writeln!(md, "{head}");
+/// The table of `variants` at 1, 4 and 16 writers, on database `urls[0]` (and `urls[1]` for the
+/// variants on the ring). The first two variants must be (a) and (b) on `urls[0]`: the ratios
+/// are taken against them. A NOTIFY column is shown when a variant sets it; a ring variant
+/// adds a column comparing it with the same variant on the plain table.
+fn table<C: Backend>(urls: &[&str], variants: &[Variant], t: Timing, md: &mut String) {
+    let notify_col = variants.iter().any(|v| v.notify.is_some());
+    let ring_col = variants.iter().any(|v| v.ring);
+    let mut head = vec!["writers", "variant"];
+    if ring_col {
+        head.push("event table");
+    }
+    if notify_col {
+        head.push("NOTIFY");
+    }
+    head.extend([
+        "tx/s",
+        "events/s",
+        "ours / hand-written",
+        "ours / business-only",
+    ]);
+    if ring_col {
+        head.push("ring / plain table");
+    }
+    let _ = writeln!(
+        md,
+        "| {} |\n|{}",
+        head.join(" | "),
+        "---|".repeat(head.len())
+    );
     let mut per_writers = Vec::new();
     for writers in [1usize, 4, 16] {
-        // The writers' connections, kept for all the runs at this writer count.
-        let mut conns: Vec<C> = (0..writers).map(|_| C::open(url)).collect();
+        // The writers' connections to each database, kept for all the runs at this writer count.
+        let mut conns: Vec<Vec<C>> = urls
+            .iter()
+            .map(|url| (0..writers).map(|_| C::open(url)).collect())
+            .collect();
         let mut samples = vec![Vec::new(); variants.len()];
         let mut all = Stats::default();
         for run in 0..t.runs {
-            for (i, (w, notify)) in variants.iter().enumerate() {
-                if t.reset_each_run || (run == 0 && i == 0) {
-                    conns[0].batch_execute(C::RESET).expect("reset");
+            for (i, v) in variants.iter().enumerate() {
+                let db = usize::from(v.ring);
+                let first_on_db = variants.iter().position(|o| o.ring == v.ring) == Some(i);
+                if t.reset_each_run || (run == 0 && first_on_db) {
+                    conns[db][0].batch_execute(C::RESET).expect("reset");
                 }
-                outbox::notify::set_interval(match notify {
+                outbox::notify::set_interval(match v.notify {
                     Some(true) => Some(Duration::from_millis(100)),
                     _ => None,
                 });
-                let st = write_run(&mut conns, *w, t.dur);
+                let st = write_run(&mut conns[db], v.w, t.dur);
                 samples[i].push(st.commits as f64 / t.dur.as_secs_f64());
                 all = all.merge(st);
             }
         }
         let med: Vec<f64> = samples.into_iter().map(median).collect();
-        for (i, (w, notify)) in variants.iter().enumerate() {
+        for (i, v) in variants.iter().enumerate() {
             let tps = med[i];
             let ratio = |base: f64| format!("{:.2}", tps / base);
-            let vs_hand = match w {
+            let vs_hand = match v.w {
                 Write::Ours1 => ratio(med[1]),
                 _ => "–".into(),
             };
-            let mut cells = vec![writers.to_string(), w.label().to_string()];
+            let mut cells = vec![writers.to_string(), v.w.label().to_string()];
+            if ring_col {
+                cells.push(if v.ring { "ring" } else { "plain" }.to_string());
+            }
             if notify_col {
-                let n = match notify {
+                let n = match v.notify {
                     None => "–",
                     Some(true) => "on",
                     Some(false) => "off",
@@ -309,10 +353,19 @@ fn table<C: Backend>(url: &str, variants: &[Variant], t: Timing, md: &mut String
             }
             cells.extend([
                 fmt_n(tps),
-                fmt_n(tps * w.events() as f64),
+                fmt_n(tps * v.w.events() as f64),
                 vs_hand,
                 ratio(med[0]),
             ]);
+            if ring_col {
+                let plain = variants
+                    .iter()
+                    .position(|o| !o.ring && o.w == v.w && o.notify == v.notify);
+                cells.push(match (v.ring, plain) {
+                    (true, Some(p)) => ratio(med[p]),
+                    _ => "–".into(),
+                });
+            }
             let line = format!("| {} |", cells.join(" | "));
             println!("{line}");
             let _ = writeln!(md, "{line}");
@@ -388,9 +441,53 @@ fn postgres(ctx: &Ctx, t: Timing, md: &mut String) {
     );
     let mut variants = PLAIN[..2].to_vec();
     for w in [Write::Ours1, Write::Ours10] {
-        variants.extend([(w, Some(false)), (w, Some(true))]);
+        variants.extend([
+            Variant::plain(w, Some(false)),
+            Variant::plain(w, Some(true)),
+        ]);
     }
-    table::<PgConnection>(url, &variants, t, md);
+    if std::env::var_os("OUTBOX_BENCH_PARTITION").is_some() {
+        // The bench's database is a ring already: there is no plain table to compare with.
+        let _ = writeln!(
+            md,
+            "The event table is stream mode's partition ring (`OUTBOX_BENCH_PARTITION`).\n"
+        );
+        table::<PgConnection>(&[url], &variants, t, md);
+        return;
+    }
+    // Stream mode's write path: the same (c) and (d) into an event table turned into the
+    // partition ring (`outbox partition` with its defaults), in a database of its own on the
+    // same server, interleaved with the others.
+    let ring_db = format!(
+        "{}_ring",
+        url.rsplit('/').next().expect("a database in the URL")
+    );
+    let mut admin = PgConnection::open(&format!("{}/postgres", ctx.pg_server));
+    exec(&mut admin, &format!("CREATE DATABASE {ring_db}"));
+    let _drop = Cleanup(|| exec(&mut admin, &format!("DROP DATABASE IF EXISTS {ring_db}")));
+    let ring_url = format!("{}/{ring_db}", ctx.pg_server);
+    crate::prepare_layout(
+        &mut PgConnection::open(&ring_url),
+        Some((DEFAULT_SLOTS, DEFAULT_SLOT_XIDS)),
+    );
+    let _ = writeln!(
+        md,
+        "*ring*: the same transactions into stream mode's event table, turned into its \
+         partition ring (`outbox partition`: {DEFAULT_SLOTS} partitions of {} transaction ids; \
+         the rows go to the partition of their transaction's id, with the plain table's \
+         indexes but fillfactor 100), in a database of its own on the same server; *ring / \
+         plain table* compares a ring row with the same variant on the plain table (the lease \
+         modes' layout).\n",
+        fmt_n(DEFAULT_SLOT_XIDS as f64)
+    );
+    for w in [Write::Ours1, Write::Ours10] {
+        variants.push(Variant {
+            w,
+            notify: Some(true),
+            ring: true,
+        });
+    }
+    table::<PgConnection>(&[url, &ring_url], &variants, t, md);
 }
 
 fn mariadb(ctx: &Ctx, t: Timing, md: &mut String) {
@@ -435,7 +532,7 @@ fn mariadb(ctx: &Ctx, t: Timing, md: &mut String) {
         "MariaDB {about}. Its own database, migrated with `outbox::migrations::run`; one \
          connection per writer.\n"
     );
-    table::<MysqlConnection>(&url, &PLAIN, t, md);
+    table::<MysqlConnection>(&[&url], &PLAIN, t, md);
 }
 
 fn sqlite(t: Timing, md: &mut String) {
@@ -478,7 +575,7 @@ fn sqlite(t: Timing, md: &mut String) {
          (its waits grow to 100 ms polls, which the waiting writers make in step) left writers \
          queued for up to 2.5 s after the end of a 0.5 s run.\n"
     );
-    table::<SqliteConnection>(&url, &PLAIN, t, md);
+    table::<SqliteConnection>(&[&url], &PLAIN, t, md);
 }
 
 /// The write-path sections of the report: PostgreSQL, MariaDB and SQLite.
