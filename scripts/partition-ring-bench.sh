@@ -40,7 +40,8 @@ for round in $(seq "${ROUNDS:-5}"); do
     done
   done
 done | tee rounds.log
-awk '{v[$3" "$4][++n[$3" "$4]]=$6} END {
+# gawk: arrays of arrays and asort.
+gawk '{v[$3" "$4][++n[$3" "$4]]=$6} END {
   for (s in n) { m=asort(v[s]); med[s]=(m%2 ? v[s][(m+1)/2] : (v[s][m/2]+v[s][m/2+1])/2) }
   for (k in med) printf "median %s tps %.1f\n", k, med[k]
   for (s in n) if (s ~ /^ring / && (p = "plain " substr(s, 6)) in med)

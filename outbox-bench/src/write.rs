@@ -464,7 +464,10 @@ fn postgres(ctx: &Ctx, t: Timing, md: &mut String) {
     );
     let mut admin = PgConnection::open(&format!("{}/postgres", ctx.pg_server));
     exec(&mut admin, &format!("CREATE DATABASE {ring_db}"));
-    let _drop = Cleanup(|| exec(&mut admin, &format!("DROP DATABASE IF EXISTS {ring_db}")));
+    // Not `exec`: a panic in a drop that runs while a failed run unwinds would abort.
+    let _drop = Cleanup(|| {
+        let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {ring_db}"));
+    });
     let ring_url = format!("{}/{ring_db}", ctx.pg_server);
     crate::prepare_layout(
         &mut PgConnection::open(&ring_url),
