@@ -778,8 +778,10 @@ pub fn section(ctx: &Ctx, md: &mut String) {
          during the (median) drain by all `postgres` processes and by the bench process (relays, \
          publisher), from /proc. Relay time: the relays' wall time spent in claims / publishes / \
          marks (publishes overlap the claims and marks, up to `max_in_flight` batches at once, \
-         and in unordered mode the marks overlap the claims, made on a second connection, so \
-         the three can add up to over 100 %; the rest is waiting and coordination). In leader \
+         and in every mode but stream the marks overlap the claims, made on a second \
+         connection (an ordered claim treats the rows being marked as published: \
+         `Claim::settling`), so the three can add up to over 100 %; the rest is waiting and \
+         coordination). In leader \
          mode one relay works and the others stand by, so its drains are compared with the \
          one-worker ceiling whatever their number of relays. Stream mode (PostgreSQL's \
          snapshot positions, no row updated) has one batch in flight, reads at least 3,000 \

@@ -234,6 +234,7 @@ fn explain_claim(conn: &mut PgConnection, mode: Mode, batch: usize) -> (f64, i64
                 .replace("$5", "false")
                 .replace("$6", "true")
                 .replace("$7", "NULL")
+                .replace("$8", "'{}'::bigint[]")
         ),
     };
     // Rolled back: the claim and the shard leases it needs are not kept.

@@ -212,6 +212,7 @@ fn run(ctx: &Ctx, url: &str, n: i64, drain: Drain) -> Run {
         // cut short.
         lease: Duration::from_secs(3600),
         look_ahead: None,
+        settling: &[],
         order,
     };
     let (mut lsn, mut claim_bytes, mut mark_bytes, mut secs, mut events) =

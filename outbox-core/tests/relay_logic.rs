@@ -410,6 +410,7 @@ async fn a_dead_relay_is_reaped_by_its_session_not_its_lease() {
             limit: 1000,
             lease: Duration::from_secs(1),
             look_ahead: None,
+            settling: &[],
             order: ClaimOrder::Unordered,
         };
         let free = probe.claim(&claim).await.unwrap();
@@ -465,6 +466,7 @@ async fn shutdown_releases_everything() {
         limit: 100,
         lease: Duration::from_secs(5),
         look_ahead: None,
+        settling: &[],
         order: ClaimOrder::Ordered {
             owned_shards_only: true,
             leader_only: false,
@@ -665,4 +667,51 @@ async fn retention_deletes_batch_after_batch_until_done() {
         "{left} of {n} published rows left {:?} after publication",
         published_at.elapsed()
     );
+}
+
+/// The in-memory store's ordered claim honours `Claim::settling` as the PostgreSQL store does
+/// (`rows_being_marked_count_as_published_in_an_ordered_claim` in the SQL stores' tests): rows
+/// of the claiming relay being marked count as published; rows leased by another relay, or
+/// given back, count as what they are.
+#[tokio::test]
+async fn rows_being_marked_count_as_published_in_an_ordered_claim() {
+    let mut store = MemoryStore::default();
+    let seq: Vec<i64> = (0..9)
+        .map(|g| store.insert(test_message("order", &(g % 3).to_string(), "Paid")))
+        .collect();
+    let claim = |relay, limit, settling| Claim {
+        relay,
+        limit,
+        lease: Duration::from_secs(30),
+        look_ahead: None,
+        settling,
+        order: ClaimOrder::Ordered {
+            owned_shards_only: false,
+            leader_only: false,
+            dead_letters_block: true,
+        },
+    };
+    let seqs = |batch: Vec<OutboxMessage>| batch.iter().map(|m| m.seq).collect::<Vec<_>>();
+    assert_eq!(
+        seqs(store.claim(&claim("a", 3, &[])).await.unwrap()),
+        seq[0..3]
+    );
+    assert!(store.claim(&claim("a", 100, &[])).await.unwrap().is_empty());
+    assert_eq!(
+        seqs(store.claim(&claim("a", 100, &seq[0..2])).await.unwrap()),
+        [seq[3], seq[4], seq[6], seq[7]]
+    );
+    assert!(
+        store
+            .claim(&claim("b", 100, &seq[2..3]))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(store.release("a", &seq[2..3]).await.unwrap(), 1);
+    assert_eq!(
+        seqs(store.claim(&claim("a", 100, &seq[2..3])).await.unwrap()),
+        [seq[2], seq[5], seq[8]]
+    );
+    assert_eq!(store.pending(), 9);
 }

@@ -115,6 +115,7 @@ async fn batches_are_claimed_while_one_is_in_flight() {
                 limit: 100,
                 lease: Duration::from_secs(60),
                 look_ahead: None,
+                settling: &[],
                 order: ClaimOrder::Unordered,
             })
             .await

@@ -17,6 +17,7 @@ fn claim(relay: &str, limit: usize, ordered: bool) -> Claim<'_> {
         limit,
         lease: LEASE,
         look_ahead: None,
+        settling: &[],
         order: if ordered {
             ClaimOrder::Ordered {
                 owned_shards_only: false,

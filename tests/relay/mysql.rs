@@ -57,6 +57,7 @@ async fn claim_that_waited_past_its_lease_claims_nothing() {
             limit: 10,
             lease: Duration::from_secs(30),
             look_ahead: None,
+            settling: &[],
             order,
         };
         a.claim(&claim).await.unwrap()
@@ -80,6 +81,7 @@ async fn claim_that_waited_past_its_lease_claims_nothing() {
         limit: 10,
         lease: Duration::from_secs(30),
         look_ahead: None,
+        settling: &[],
         order,
     };
     assert_eq!(b.claim(&claim).await.unwrap().len(), 4);
@@ -104,6 +106,7 @@ async fn deadlock_victim_is_run_again() {
         limit: 10,
         lease: Duration::from_secs(30),
         look_ahead: None,
+        settling: &[],
         order: ClaimOrder::Unordered,
     };
     assert_eq!(store.claim(&claim).await.unwrap().len(), 2);

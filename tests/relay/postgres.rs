@@ -104,7 +104,7 @@ fn claims_keep_their_indexes_while_the_table_fills() {
     let ordered = outbox::relay::__sql::PG_CLAIM_ORDERED;
     let unordered = outbox::relay::__sql::PG_CLAIM_UNORDERED;
     diesel::sql_query(format!(
-        "PREPARE ordered(text, float8, bigint, bool, bool, bool, bigint) AS {ordered} \
+        "PREPARE ordered(text, float8, bigint, bool, bool, bool, bigint, bigint[]) AS {ordered} \
          RETURNING o.seq"
     ))
     .execute(&mut conn)
@@ -115,7 +115,7 @@ fn claims_keep_their_indexes_while_the_table_fills() {
     .execute(&mut conn)
     .unwrap();
     for _ in 0..6 {
-        diesel::sql_query("EXECUTE ordered('r', 30, 1000, false, false, true, NULL)")
+        diesel::sql_query("EXECUTE ordered('r', 30, 1000, false, false, true, NULL, '{}')")
             .execute(&mut conn)
             .unwrap();
         diesel::sql_query("EXECUTE unordered('r', 30, 1000)")
@@ -161,18 +161,33 @@ fn claims_keep_their_indexes_while_the_table_fills() {
             for (mode, sql) in [
                 (
                     "sharded",
-                    format!("EXPLAIN EXECUTE ordered('r', 30, {batch}, true, false, true, NULL)"),
+                    format!(
+                        "EXPLAIN EXECUTE ordered('r', 30, {batch}, true, false, true, NULL, '{{}}')"
+                    ),
                 ),
                 (
                     "leader",
-                    format!("EXPLAIN EXECUTE ordered('r', 30, {batch}, false, true, true, NULL)"),
+                    format!(
+                        "EXPLAIN EXECUTE ordered('r', 30, {batch}, false, true, true, NULL, '{{}}')"
+                    ),
                 ),
                 // Beside batches in flight: the look-ahead bounds the walk.
                 (
                     "sharded, look-ahead",
                     format!(
-                        "EXPLAIN EXECUTE ordered('r', 30, {batch}, true, false, true, {})",
+                        "EXPLAIN EXECUTE ordered('r', 30, {batch}, true, false, true, {}, '{{}}')",
                         batch * 3
+                    ),
+                ),
+                // Beside the last batch's mark: its rows count as published.
+                (
+                    "sharded, beside a mark",
+                    format!(
+                        "EXPLAIN EXECUTE ordered('r', 30, {batch}, true, false, true, NULL, '{{{}}}')",
+                        (1..=batch)
+                            .map(|s| s.to_string())
+                            .collect::<Vec<_>>()
+                            .join(",")
                     ),
                 ),
                 (
@@ -402,6 +417,7 @@ async fn claims_are_hot_updates() {
         limit: 1000,
         lease: Duration::from_secs(30),
         look_ahead: None,
+        settling: &[],
         order: ClaimOrder::Unordered,
     };
     let mut seqs = Vec::new();
@@ -442,6 +458,7 @@ async fn an_expired_lease_costs_no_attempt() {
         limit: 10,
         lease: Duration::from_millis(200),
         look_ahead: None,
+        settling: &[],
         order: ClaimOrder::Unordered,
     };
     for _ in 0..3 {
@@ -501,6 +518,7 @@ async fn a_look_ahead_bounds_the_ordered_claim() {
         limit: 1000,
         lease: Duration::from_secs(30),
         look_ahead,
+        settling: &[],
         order: ClaimOrder::Ordered {
             owned_shards_only: false,
             leader_only: false,
@@ -525,12 +543,65 @@ async fn a_look_ahead_bounds_the_ordered_claim() {
     assert!(seqs.is_sorted(), "in order: {seqs:?}");
 }
 
+/// An ordered claim made while the relay's settler marks the last batch published
+/// (`Claim::settling`) treats the rows of that batch the broker acknowledged as published:
+/// they hold back nothing and are not claimed again. A row leased by another relay, or given
+/// back, counts as what it is, whatever the claim is told.
+#[tokio::test]
+async fn rows_being_marked_count_as_published_in_an_ordered_claim() {
+    let db = Postgres::database("settling");
+    // Three aggregates, three rows each, interleaved: seq 1..=9, aggregate (seq - 1) % 3.
+    Postgres::exec(
+        &db,
+        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version, \
+         payload, shard) SELECT gen_random_uuid(), 'order', ((g - 1) % 3)::text, 'Paid', 1, \
+         '{}', 0 FROM generate_series(1, 9) g ORDER BY g",
+    );
+    let mut store = PgRelayStore::new(&db.url).listen(false);
+    let claim = |relay, settling| Claim {
+        settling,
+        ..ordered_claim(relay, 100)
+    };
+    let seqs = |batch: Vec<OutboxMessage>| batch.iter().map(|m| m.seq).collect::<Vec<_>>();
+    let heads = seqs(store.claim(&ordered_claim("a", 3)).await.unwrap());
+    assert_eq!(heads, [1, 2, 3]);
+    // Leased and not being marked, the heads hold back their aggregates.
+    assert_eq!(
+        seqs(store.claim(&claim("a", &[])).await.unwrap()),
+        [0i64; 0]
+    );
+    // Being marked, the heads of aggregates 0 and 1 count as published: their later rows are
+    // claimable, aggregate 2's are not; the heads are not claimed again.
+    assert_eq!(
+        seqs(store.claim(&claim("a", &[1, 2])).await.unwrap()),
+        [4, 5, 7, 8]
+    );
+    // Leased by "a", seq 3 holds back aggregate 2 for any other relay, whatever it is told.
+    assert_eq!(
+        seqs(store.claim(&claim("b", &[3])).await.unwrap()),
+        [0i64; 0]
+    );
+    // Given back, seq 3 is pending: told it is being marked, the claim takes it, head first.
+    assert_eq!(store.release("a", &[3]).await.unwrap(), 1);
+    assert_eq!(
+        seqs(store.claim(&claim("a", &[3])).await.unwrap()),
+        [3, 6, 9]
+    );
+    // Nothing was published by being told so.
+    let pending = Postgres::count(
+        &db,
+        "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NULL",
+    );
+    assert_eq!(pending, 9);
+}
+
 fn ordered_claim(relay: &str, limit: usize) -> Claim<'_> {
     Claim {
         relay,
         limit,
         lease: Duration::from_secs(30),
         look_ahead: None,
+        settling: &[],
         order: ClaimOrder::Ordered {
             owned_shards_only: false,
             leader_only: false,
@@ -614,7 +685,7 @@ fn one_aggregate_claims_in_linear_reads() {
     .unwrap();
     let ordered = outbox::relay::__sql::PG_CLAIM_ORDERED;
     diesel::sql_query(format!(
-        "PREPARE ordered(text, float8, bigint, bool, bool, bool, bigint) AS {ordered} RETURNING o.seq"
+        "PREPARE ordered(text, float8, bigint, bool, bool, bool, bigint, bigint[]) AS {ordered} RETURNING o.seq"
     ))
     .execute(&mut conn)
     .unwrap();
@@ -626,7 +697,7 @@ fn one_aggregate_claims_in_linear_reads() {
     let mut reads = |batch: i64| -> i64 {
         conn.batch_execute("BEGIN").unwrap();
         let plan: Vec<String> = diesel::sql_query(format!(
-            "EXPLAIN (ANALYZE, BUFFERS) EXECUTE ordered('r', 30, {batch}, false, false, true, NULL)"
+            "EXPLAIN (ANALYZE, BUFFERS) EXECUTE ordered('r', 30, {batch}, false, false, true, NULL, '{{}}')"
         ))
         .load::<Plan>(&mut conn)
         .unwrap()

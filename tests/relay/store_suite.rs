@@ -23,6 +23,7 @@ fn unordered(relay: &str, limit: usize) -> Claim<'_> {
         limit,
         lease: LEASE,
         look_ahead: None,
+        settling: &[],
         order: ClaimOrder::Unordered,
     }
 }
@@ -33,6 +34,7 @@ fn ordered(relay: &str, limit: usize, shards: bool, leader: bool, dead_block: bo
         limit,
         lease: LEASE,
         look_ahead: None,
+        settling: &[],
         order: ClaimOrder::Ordered {
             owned_shards_only: shards,
             leader_only: leader,
@@ -739,6 +741,7 @@ pub async fn short_lease_bounds_blocked_claims<B: Backend>() {
         limit: 10,
         lease,
         look_ahead: None,
+        settling: &[],
         order: leader,
     };
     let err = store

@@ -472,6 +472,7 @@ async fn stream_mode_is_refused_where_it_is_not_built() {
         limit: 10,
         lease: Duration::from_secs(5),
         look_ahead: None,
+        settling: &[],
         order: ClaimOrder::Stream {
             dead_letters_block: true,
         },

@@ -23,6 +23,7 @@ pub async fn malformed_id_is_dead_lettered<B: Backend>() {
         limit: 10,
         lease: Duration::from_secs(30),
         look_ahead: None,
+        settling: &[],
         order: ClaimOrder::Unordered,
     };
     assert_eq!(store.claim(&claim).await.unwrap().len(), 2);

@@ -165,9 +165,9 @@ pub struct RelayConfig {
     /// 32 claims, then claims beside the batches in flight until such a claim finds nothing
     /// behind a full one (then one batch at a time for 32 claims again). Batches are settled
     /// in claim order, on the store's [`settler`](super::RelayStore::settler) where it has one
-    /// (one batch at a time, beside the next claim; unordered mode on PostgreSQL): the rows held
-    /// in memory are at most `max_in_flight × batch_size`, plus the batch being settled. After
-    /// a broker outage the relay probes with one batch at a time until a batch goes through.
+    /// (one batch at a time, beside the next claim; every mode but stream on PostgreSQL): the
+    /// rows held in memory are at most `max_in_flight × batch_size`, plus the batch being
+    /// settled. After a broker outage the relay probes with one batch at a time until a batch goes through.
     pub max_in_flight: usize,
     /// How long the relay keeps looking for new rows every few milliseconds after a claim
     /// that found rows or a wake-up (a notification), before it falls back to waiting

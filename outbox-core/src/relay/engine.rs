@@ -59,6 +59,9 @@ pub struct Relay<S, P> {
     id_conflict: Option<String>,
     /// The store's settler, once the relay runs (see [`RelayStore::settler`]).
     beside: Option<Beside<S>>,
+    /// Ordered modes: whether the relay works alone (the leader, or the only live sharded
+    /// relay), and so settles beside its claims (see `run`).
+    alone: bool,
 }
 
 impl<S: RelayStore, P: Publisher> Relay<S, P> {
@@ -76,6 +79,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             last_error: None,
             id_conflict: None,
             beside: None,
+            alone: false,
         })
     }
 
@@ -109,16 +113,31 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         // Until then, an empty claim is retried every `WAKE_RECHECK` (see `wake_window`).
         let mut wake_until = Instant::now();
         self.stats.active.store(active, Ordering::Relaxed);
-        // Unordered mode only. Measured (`outbox-bench --quick --only drain`, null publisher,
-        // three runs of each binary interleaved on the shared server, medians, new / old):
-        // unordered with one relay 1.23x at batch 100 and 1.32x at 1,000, with two 0.94x and
-        // 0.96x; but sharded and leader 0.92-1.00x with one relay and 0.77-0.85x with two (an
-        // ordered claim made while the last batch is still being settled finds its rows
-        // leased, so its head-of-line window is all blocked and it takes the slower walk;
-        // with two relays the two cores are busy already), stream mode (unchanged) moving
-        // 0.82-1.02x between the runs. Stream mode could not use it anyway: a batch's
-        // settle moves the position its next claim starts from.
-        if self.config.mode == Mode::Unordered {
+        // Every mode but stream: a stream batch's settle moves the position its next claim
+        // starts from. Unordered mode measured (`outbox-bench --quick --only drain`, null
+        // publisher, three runs of each binary interleaved on the shared server, medians, new
+        // / old): 1.23x with one relay at batch 100 and 1.32x at 1,000, 0.94x and 0.96x with
+        // two. The ordered modes measured 0.92-1.00x with one relay and 0.77-0.85x with two
+        // until their claims were told which rows the settle beside marks published
+        // (`Claim::settling`): before, a claim made while the last batch was being settled
+        // found that batch's aggregates leased, so its head-of-line window was all blocked and
+        // it took the slower walk. With it (the same bench on its private cluster, binaries
+        // settling between claims and beside them interleaved, six runs each, batch 1,000):
+        // one sharded relay 36,831-45,014 -> 52,193-66,172 events/s to the null publisher and
+        // 29,469-42,853 -> 42,728-56,991 to Kafka; leader mode 31,341-49,007 -> 51,771-62,653.
+        // But two sharded relays settling beside always lost to the null publisher (four runs):
+        // 34,501-47,202 -> 29,162-34,312 at batch 100, 57,383-80,026 -> 52,766-58,423 at 1,000.
+        // The server's log showed why: their two claim streams kept its two cores busy already
+        // (1.7 cores of postgres CPU one batch at a time), so a settle beside each claim only
+        // doubled every statement's time (a claim of 1,000: 7.0 -> 17.0 ms) and the array of
+        // rows being marked added planning. So an ordered relay settles beside its claims while
+        // it works alone: the leader, or a sharded relay whose last rebalance found no other
+        // live one (`alone`, renewed with the ownership every liveness interval; relays
+        // started together may each count themselves alone until then). Else it settles
+        // between its claims. With that rule (two runs): two sharded relays 41,072-41,319 at
+        // batch 100 and 58,178-60,415 at 1,000 to the null publisher, 55,882-57,283 to Kafka
+        // (33,863-52,356 settling between claims).
+        if self.config.mode != Mode::Stream {
             self.beside = self
                 .store
                 .settler()
@@ -142,7 +161,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 self.config.max_in_flight
             };
             if let Some(wait) = self
-                .settle_ready(&mut window, limit, &mut broker_outage)
+                .settle_ready(&mut window, Until::Room(limit), &mut broker_outage)
                 .await
             {
                 sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
@@ -192,7 +211,10 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             if !active {
                 // Nothing more to claim: the batches in flight (claimed while active, still
                 // leased by this relay) are settled first.
-                let wait = match self.settle_ready(&mut window, 0, &mut broker_outage).await {
+                let wait = match self
+                    .settle_ready(&mut window, Until::Settled, &mut broker_outage)
+                    .await
+                {
                     Some(wait) => wait,
                     None => self.config.poll_interval.min(self.config.lease / 10),
                 };
@@ -221,12 +243,15 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             }
 
             // Ordered modes: claim beside the batches in flight only while that finds rows
-            // (see `Overlap`); else settle them first. (They have no settler: see `run`.)
+            // (see `Overlap`); else settle them first. The last one's settle may still run on
+            // the settler: the claim treats the rows it marks published as published.
             let ordered = self.config.mode != Mode::Unordered;
             if ordered
                 && !overlap.allowed()
                 && !window.is_empty()
-                && let Some(wait) = self.settle_ready(&mut window, 0, &mut broker_outage).await
+                && let Some(wait) = self
+                    .settle_ready(&mut window, Until::Published, &mut broker_outage)
+                    .await
             {
                 sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
                 continue;
@@ -247,6 +272,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 // two batches past them (see `Claim::look_ahead`).
                 look_ahead: overlapped
                     .then(|| self.config.batch_size.saturating_mul(window.len() + 2)),
+                settling: self.beside.as_ref().map_or(&[], Beside::marking),
             };
             let claimed = Instant::now();
             let batch = match self.store.claim(&claim).await {
@@ -273,9 +299,12 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                     // Nothing claimable beside the batches in flight: settle the oldest (its
                     // aggregates may hold back what is pending), or wait for the settle that
                     // runs (`0`: with none in flight), then claim again.
-                    let in_flight = window.len();
+                    let until = match window.len() {
+                        0 => Until::Settled,
+                        n => Until::Room(n),
+                    };
                     if let Some(wait) = self
-                        .settle_ready(&mut window, in_flight, &mut broker_outage)
+                        .settle_ready(&mut window, until, &mut broker_outage)
                         .await
                     {
                         sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
@@ -333,7 +362,8 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
 
         // Graceful shutdown: every batch in flight is published and settled; then give up
         // every lease.
-        self.settle_ready(&mut window, 0, &mut broker_outage).await;
+        self.settle_ready(&mut window, Until::Settled, &mut broker_outage)
+            .await;
         for attempt in 1..=3u32 {
             match self.store.release_all(&self.config.relay_id).await {
                 Ok(()) => break,
@@ -348,25 +378,28 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
     }
 
     /// Settles the batches in flight whose publish has finished, oldest first, and then,
-    /// waiting for their publishes, the oldest ones until fewer than `limit` are in flight
-    /// (`0`: all of them). If a batch met a broker outage, every other batch in flight is
-    /// settled too (each gives back what was not published, without costing an attempt) and
-    /// the outage backoff to wait is returned.
+    /// waiting for their publishes, the oldest ones until `until` holds. If a batch met a
+    /// broker outage, every other batch in flight is settled too (each gives back what was
+    /// not published, without costing an attempt) and the outage backoff to wait is returned.
     async fn settle_ready(
         &mut self,
         window: &mut Window,
-        limit: usize,
+        until: Until,
         broker_outage: &mut u32,
     ) -> Option<Duration> {
+        let limit = match until {
+            Until::Room(limit) => limit.max(1),
+            Until::Published | Until::Settled => 1,
+        };
         loop {
             let settled = match window.pop_finished() {
                 Some(batch) => self.finish(batch, *broker_outage > 0).await,
-                None if window.len() >= limit.max(1) => match window.pop_oldest() {
+                None if window.len() >= limit => match window.pop_oldest() {
                     Some(batch) => self.finish(batch, *broker_outage > 0).await,
                     None => return None,
                 },
                 // All of them: the batch being settled beside too.
-                None if limit == 0 && self.settling() => self.join_settle().await,
+                None if until == Until::Settled && self.settling() => self.join_settle().await,
                 None => return None,
             };
             let Some(mut error) = settled else {
@@ -417,8 +450,9 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
     /// batch's settle too: that is what tells whether the broker is back.
     async fn finish(&mut self, mut batch: InFlight, probes: bool) -> Option<String> {
         let deliveries = self.outcome(&mut batch).await;
+        let beside_now = self.config.mode == Mode::Unordered || self.alone;
         let (batch, deliveries) = match self.beside.as_mut() {
-            Some(beside) => {
+            Some(beside) if beside_now => {
                 let previous = beside.join().await;
                 match beside.start(batch, deliveries) {
                     Ok(()) if probes => {
@@ -429,16 +463,20 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                     Err(back) => back,
                 }
             }
-            None => (batch, deliveries),
+            _ => (batch, deliveries),
         };
-        Settle {
+        // Settled here: a settle still running beside (the relay no longer works alone) ends
+        // first, so that the batches are settled in claim order.
+        let previous = self.join_settle().await;
+        let this = Settle {
             store: &mut self.store,
             config: &self.config,
             stats: &self.stats,
             rng: &mut self.rng,
         }
         .batch(batch, deliveries)
-        .await
+        .await;
+        previous.or(this)
     }
 
     /// Whether a batch is being settled on the settler.
@@ -453,6 +491,18 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             None => None,
         }
     }
+}
+
+/// How far [`Relay::settle_ready`] settles the batches in flight.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// Until fewer than this many are in flight (at least one is settled when the window holds
+    /// this many; `0` counts as `1`).
+    Room(usize),
+    /// Until none is in flight; the last one's settle may still run on the settler.
+    Published,
+    /// Until none is in flight and no settle runs.
+    Settled,
 }
 
 /// Whether `shutdown` has completed, without waiting for it.

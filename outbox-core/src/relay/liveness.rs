@@ -121,6 +121,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         match self.config.mode {
             Mode::Unordered => Ok(true),
             Mode::Leader => {
+                self.alone = true;
                 self.store
                     .acquire_leadership(relay, self.config.lease)
                     .await
@@ -134,6 +135,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                     .shards
                     .store(assignment.owned.len() as u64, Ordering::Relaxed);
                 metrics::gauge!("outbox_relay_shards").set(assignment.owned.len() as f64);
+                self.alone = assignment.live_relays <= 1;
                 Ok(!assignment.owned.is_empty())
             }
         }

@@ -202,13 +202,17 @@ impl<S: RelayStore> Settle<'_, S> {
 /// The settler's side (see [`RelayStore::settler`]): one batch at a time is settled there, as
 /// a task of its own, while the relay claims on its own store. The batch settled there is
 /// still leased by the relay until its settle commits, so no claim made meanwhile takes its
-/// rows.
+/// rows; an ordered claim made meanwhile treats the rows the broker acknowledged as published
+/// ([`Claim::settling`](super::super::Claim::settling), from [`marking`](Self::marking)).
 pub(super) struct Beside<S> {
     config: Arc<RelayConfig>,
     stats: Arc<RelayStats>,
     /// The settler while no settle runs on it.
     idle: Option<(S, SplitMix)>,
     running: Option<JoinHandle<(S, SplitMix, Option<String>)>>,
+    /// The rows the running settle marks published (the broker acknowledged them), in batch
+    /// order; empty while none runs.
+    marking: Vec<i64>,
 }
 
 impl<S: RelayStore> Beside<S> {
@@ -218,7 +222,14 @@ impl<S: RelayStore> Beside<S> {
             stats,
             idle: Some((store, SplitMix::seeded())),
             running: None,
+            marking: Vec::new(),
         }
+    }
+
+    /// The rows the running settle marks published: those the broker acknowledged. Empty while
+    /// no settle runs.
+    pub(super) fn marking(&self) -> &[i64] {
+        &self.marking
     }
 
     /// Whether a settle is running.
@@ -230,6 +241,7 @@ impl<S: RelayStore> Beside<S> {
     /// unavailable for any message of that batch.
     pub(super) async fn join(&mut self) -> Option<String> {
         let joined = self.running.take()?.await;
+        self.marking.clear();
         match joined {
             Ok((store, rng, outage)) => {
                 self.idle = Some((store, rng));
@@ -253,6 +265,19 @@ impl<S: RelayStore> Beside<S> {
         let Some((mut store, mut rng)) = self.idle.take() else {
             return Err((batch, deliveries));
         };
+        self.marking.clear();
+        // A batch with a wrong number of outcomes (a publisher that broke its contract) counts
+        // nothing as published here: its aggregates stay held back until its settle commits.
+        if deliveries.len() == batch.batch.len() {
+            self.marking.extend(
+                batch
+                    .batch
+                    .iter()
+                    .zip(&deliveries)
+                    .filter(|(_, d)| matches!(d, Delivery::Published))
+                    .map(|(m, _)| m.seq),
+            );
+        }
         let (config, stats) = (self.config.clone(), self.stats.clone());
         self.running = Some(tokio::spawn(async move {
             let outage = Settle {

@@ -62,7 +62,7 @@ type FaultFn = dyn Fn(&OutboxMessage) -> Option<String> + Send + Sync;
 /// # m.insert(outbox_core::relay::test_message("order", "1", "E"));
 /// # let mut store = m.clone();
 /// # use outbox_core::relay::RelayStore;
-/// # let claim = outbox_core::relay::Claim { relay: "r", limit: 1, lease: std::time::Duration::from_secs(5), order: outbox_core::relay::ClaimOrder::Unordered, look_ahead: None };
+/// # let claim = outbox_core::relay::Claim { relay: "r", limit: 1, lease: std::time::Duration::from_secs(5), order: outbox_core::relay::ClaimOrder::Unordered, look_ahead: None, settling: &[] };
 /// # let batch = store.claim(&claim).await.unwrap();
 /// let broker = MemoryBroker::new();
 /// broker.set_available(false);

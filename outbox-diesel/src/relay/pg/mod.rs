@@ -151,7 +151,7 @@ impl PgRelayStore {
     }
 
     /// Whether the relay settles its batches (marks, failures, releases) on a connection of
-    /// its own, beside the next claim on this one (default `true`; unordered mode only, see
+    /// its own, beside the next claim on this one (default `true`; every mode but stream, see
     /// [`RelayStore::settler`](outbox_core::relay::RelayStore::settler)). A relay then holds
     /// three connections: this one, the settler's, and the listener's (unless
     /// [`listen(false)`](Self::listen)); `false` keeps it to two, settling between claims.

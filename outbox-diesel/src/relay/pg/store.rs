@@ -69,7 +69,8 @@ impl RelayStore for PgRelayStore {
                             claim
                                 .look_ahead
                                 .map(|n| i64::try_from(n).unwrap_or(i64::MAX)),
-                        ),
+                        )
+                        .bind::<Array<BigInt>, _>(claim.settling),
                 )
                 .load::<Row>(conn)
                 .await

@@ -65,12 +65,16 @@ impl RelayStore for MemoryStore {
             .map(|(k, _)| *k)
             .collect();
         let mut blocked: HashSet<(String, String)> = HashSet::new();
+        // Published, their mark being written beside this claim (see `Claim::settling`).
+        let settling: HashSet<i64> = claim.settling.iter().copied().collect();
         let mut picked = Vec::new();
         for (seq, row) in s.rows.iter() {
             if picked.len() >= claim.limit {
                 break;
             }
-            if row.published.is_some() {
+            if row.published.is_some()
+                || (settling.contains(seq) && row.locked_by.as_deref() == Some(relay))
+            {
                 continue;
             }
             let key = (
@@ -336,8 +340,8 @@ impl RelayStore for MemoryStore {
     }
 
     /// A clone: the same rows, as a second connection to one database sees them (so the
-    /// unordered relays of every test on this store settle beside their claims, as on
-    /// PostgreSQL).
+    /// relays of every test on this store settle beside their claims, as on PostgreSQL; its
+    /// ordered claims honour [`Claim::settling`] as PostgreSQL's do).
     fn settler(&mut self) -> Option<Self> {
         Some(self.clone())
     }
