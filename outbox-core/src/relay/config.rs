@@ -167,7 +167,8 @@ pub struct RelayConfig {
     /// in claim order, on the store's [`settler`](super::RelayStore::settler) where it has one
     /// (one batch at a time, beside the next claim; every mode but stream on PostgreSQL): the
     /// rows held in memory are at most `max_in_flight × batch_size`, plus the batch being
-    /// settled. After a broker outage the relay probes with one batch at a time until a batch goes through.
+    /// settled. After a broker outage the relay probes with one batch at a time until a batch
+    /// goes through.
     pub max_in_flight: usize,
     /// How long the relay keeps looking for new rows every few milliseconds after a claim
     /// that found rows or a wake-up (a notification), before it falls back to waiting
