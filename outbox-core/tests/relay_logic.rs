@@ -715,3 +715,66 @@ async fn rows_being_marked_count_as_published_in_an_ordered_claim() {
     );
     assert_eq!(store.pending(), 9);
 }
+
+/// A sharded relay settles beside its claims while it is the only live one and between them
+/// while another shares the shards (see `Relay::run`): a second relay joins a running one and
+/// leaves again while events keep coming and a tenth of the publishes fail. Every event
+/// arrives, per aggregate in order, whichever way each batch was settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_relay_joined_and_left_by_another_keeps_order() {
+    for seed in 1..=3u64 {
+        let store = MemoryStore::default();
+        let broker = Arc::new(MemoryBroker::new());
+        let state = Arc::new(std::sync::Mutex::new(seed));
+        broker.fail_when(move |m| {
+            let mut s = state.lock().unwrap();
+            *s ^= *s << 13;
+            *s ^= *s >> 7;
+            *s ^= *s << 17;
+            (*s % 10 == 0).then(|| format!("injected failure for {}", m.seq))
+        });
+        let writer = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut n = 0;
+                for round in 0..100 {
+                    for a in 0..40 {
+                        store.insert(test_message("order", &a.to_string(), &format!("E{round}")));
+                        n += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                n
+            })
+        };
+        let start = |id: &str| {
+            let mut config = fast(Mode::Sharded);
+            config.relay_id = id.into();
+            let relay = Relay::new(store.clone(), broker.clone(), config).unwrap();
+            let (stop, mut stopped) = tokio::sync::watch::channel(false);
+            let run = tokio::spawn(relay.run(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            }));
+            (stop, run)
+        };
+        let (stop_a, a) = start("alone-first");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (stop_b, b) = start("joins-later");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        stop_b.send(true).unwrap();
+        b.await.unwrap();
+        let n = writer.await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !store.is_drained() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop_a.send(true).unwrap();
+        a.await.unwrap();
+        assert!(
+            store.is_drained(),
+            "seed {seed}: {} pending",
+            store.pending()
+        );
+        assert_ordered_and_complete(&broker, n);
+    }
+}
