@@ -88,9 +88,11 @@ pub(crate) fn plan_of(conn: &mut diesel::PgConnection, sql: &str) -> String {
 /// The claims' plans stay on the partial indexes, at batch 100 and 1,000, on 20,000 and
 /// 100,000 pending rows over 1,000 aggregates, analysed or with statistics that lag behind the
 /// table's size, with two relays sharing the shards and the statements prepared while the
-/// table was empty, under the relay's session settings (`force_custom_plan`, no JIT). (A cached generic plan made on an empty table was measured to take 80–100 s per
-/// claim once the backlog grew; a `NOT EXISTS` head-of-line check was planned as a
-/// per-candidate scan; JIT compiled the ordered claim on every call.)
+/// table was empty, under the relay's session settings (`force_custom_plan`, no JIT). (A
+/// cached generic plan made on an empty table was measured to take 80–100 s per claim once the
+/// backlog grew, and kept to index paths it still walked the wrong index: see `SESSION_SQL`; a
+/// `NOT EXISTS` head-of-line check was planned as a per-candidate scan; JIT compiled the
+/// ordered claim on every call.)
 #[test]
 fn claims_keep_their_indexes_while_the_table_fills() {
     let db = Postgres::database("plan");
