@@ -663,6 +663,20 @@ enum Job {
 }
 
 impl Job {
+    /// What the job is, for the progress lines.
+    fn label(self) -> String {
+        match self {
+            Job::Textbook { relays } => format!("textbook x{relays}"),
+            Job::Ceiling { relays, batch } => format!("ceiling x{relays} b{batch}"),
+            Job::Ours {
+                mode,
+                relays,
+                batch,
+                sink,
+            } => format!("{mode:?} x{relays} b{batch} {sink:?}"),
+        }
+    }
+
     fn run(self, ctx: &Ctx, backlog: i64, cap: Duration) -> Drain {
         match self {
             Job::Textbook { relays } => drain_textbook(&ctx.url, relays, backlog),
@@ -755,7 +769,9 @@ pub fn section(ctx: &Ctx, md: &mut String) {
     for rep in 0..reps {
         eprintln!("drains: repetition {} of {reps}", rep + 1);
         for (j, job) in jobs.iter().enumerate() {
+            let t = std::time::Instant::now();
             results[j].push(job.run(ctx, backlog, cap));
+            eprintln!("  {} {:.1} s", job.label(), t.elapsed().as_secs_f64());
         }
     }
     let drains: Vec<Drain> = results.into_iter().map(median_drain).collect();
