@@ -30,6 +30,10 @@ pub struct Registration {
     pub event_types: &'static [EventType],
     /// Whether the type is an enum (one event type per variant).
     pub is_enum: bool,
+    /// Whether the type is an externally tagged enum (serde's default): the payload on the
+    /// wire is then a variant's content, without the wrapper that names the variant, and so
+    /// is each variant's schema.
+    pub externally_tagged: bool,
     pub upcasts: Vec<UpcastLink>,
     /// The JSON Schema of the whole type, when the `schema` feature is on and the type
     /// implements `schemars::JsonSchema`.
@@ -43,6 +47,7 @@ impl Registration {
             rust_type: std::any::type_name::<E>(),
             event_types: E::EVENT_TYPES,
             is_enum: E::EVENT_TYPES.len() > 1,
+            externally_tagged: false,
             upcasts: Vec::new(),
             schema: None,
         }
@@ -278,7 +283,7 @@ fn entry_of(reg: &Registration, index: usize, t: &EventType) -> CatalogEntry {
         });
     let schema = reg.schema.as_ref().map(|s| {
         if reg.is_enum {
-            variant_schema(s, index, reg.event_types.len())
+            variant_schema(s, index, reg.event_types.len(), reg.externally_tagged)
         } else {
             s.clone()
         }
@@ -297,9 +302,12 @@ fn entry_of(reg: &Registration, index: usize, t: &EventType) -> CatalogEntry {
 /// The schema of variant `index` of an enum's schema: schemars describes an enum (externally,
 /// internally or adjacently tagged, or untagged) as `oneOf`/`anyOf` with one alternative per
 /// variant, in declaration order. The root's `$defs` go along, so that references resolve.
-/// When the shape is not that (e.g. a variant is `#[serde(skip)]`), the whole enum's schema
-/// stands for each variant: a change then shows on every variant, never on none.
-fn variant_schema(schema: &Value, index: usize, count: usize) -> Value {
+/// An externally tagged variant's alternative is an object whose one property, named after
+/// the variant, holds its content: the schema is that content's, as the payload on the wire
+/// is (see [`OutboxEvent`]). When the shape is not that (e.g. a variant is `#[serde(skip)]`),
+/// the whole enum's schema stands for each variant: a change then shows on every variant,
+/// never on none.
+fn variant_schema(schema: &Value, index: usize, count: usize, externally_tagged: bool) -> Value {
     let alternatives = ["oneOf", "anyOf"]
         .iter()
         .find_map(|k| schema.get(*k).and_then(Value::as_array))
@@ -308,6 +316,12 @@ fn variant_schema(schema: &Value, index: usize, count: usize) -> Value {
         return schema.clone();
     };
     let mut variant = alternatives[index].clone();
+    if externally_tagged
+        && let Some(props) = variant.get("properties").and_then(Value::as_object)
+        && let [(_, content)] = props.iter().collect::<Vec<_>>().as_slice()
+    {
+        variant = (*content).clone();
+    }
     if let (Some(defs), Some(obj)) = (schema.get("$defs"), variant.as_object_mut()) {
         obj.insert("$defs".to_owned(), defs.clone());
     }

@@ -10,10 +10,15 @@ use uuid::Uuid;
 /// crate); writing it by hand is possible but the derive checks at compile time what a hand
 /// written impl can only get wrong at run time.
 ///
-/// The payload stored in the outbox is exactly what `serde_json` produces for the value, so
-/// `#[serde(...)]` attributes shape it as usual. For an enum, each variant is its own event type
-/// and the payload is serde's representation of the enum (externally tagged unless the enum says
-/// otherwise), so that a consumer deserialises the same type it was produced from.
+/// The payload stored in the outbox is what `serde_json` produces for the value, so
+/// `#[serde(...)]` attributes shape it as usual. For an enum, each variant is its own event
+/// type, and the payload is the variant's own content: serde's wrapper that names the variant
+/// (`{"OrderPlaced":{…}}`) is left out, since the event type header says it. So a consumer may
+/// decode a variant as a struct with the same fields (another service declaring only the
+/// events it needs, or a program in another language), and the enum decodes it back from
+/// the event type. An internally or adjacently tagged or untagged enum is written as serde
+/// writes it. For an enum, [`EVENT_TYPES`](OutboxEvent::EVENT_TYPES) lists the event types in
+/// the order of the variants.
 ///
 /// # Example
 ///

@@ -31,6 +31,7 @@ pub mod relay;
 #[cfg_attr(docsrs, doc(cfg(feature = "schema")))]
 pub mod schema;
 mod shard;
+mod wire;
 
 pub use envelope::{
     DecodeError, Envelope, HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_TYPE,

@@ -114,7 +114,7 @@ impl NewMessage {
         limit: usize,
     ) -> Result<Self, EventError> {
         let event_type = event.event_type();
-        let payload = serde_json::to_string(event)
+        let payload = crate::wire::encode(event)
             .map_err(|source| EventError::Serialize { event_type, source })?;
         if payload.len() > limit {
             return Err(EventError::PayloadTooLarge {

@@ -49,9 +49,14 @@ pub const fn source_version(types: &'static [EventType], event_type: &str) -> u3
     }
 }
 
-/// Deserialises an upcast source from a payload.
-pub fn decode_source<S: DeserializeOwned>(payload: &[u8]) -> Result<S, UpcastFailure> {
-    serde_json::from_slice(payload).map_err(|e| UpcastFailure {
+/// Deserialises an upcast source, whose event types are `types`, from the payload of an event
+/// of type `event_type`.
+pub fn decode_source<S: DeserializeOwned>(
+    types: &[EventType],
+    event_type: &str,
+    payload: &[u8],
+) -> Result<S, UpcastFailure> {
+    crate::wire::decode_as(types, event_type, payload).map_err(|e| UpcastFailure {
         target: std::any::type_name::<S>(),
         reason: e.to_string(),
     })

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use outbox_core::fault::Transient;
 use outbox_core::kafka::{
     AfterDeadLetter, ConsumerStats, KafkaConfigError, KafkaConsumer, KafkaConsumerBuilder,
-    KafkaPublisher, UndecodablePolicy,
+    KafkaPublisher, NewerVersionPolicy, UndecodablePolicy, UnhandledPolicy,
 };
 use outbox_core::relay::{Backoff, Delivery, OutboxMessage, Publisher};
 use outbox_core::{Envelope, Headers, NewMessage, OutboxEvent, Outcome};
@@ -103,6 +103,7 @@ on_both_brokers!(
     shutdown_commits_what_is_done,
     transient_errors_are_retried_beyond_max_attempts_in_order,
     a_dead_letter_parks_the_later_messages_of_its_key_unless_skipping,
+    a_second_service_and_a_rolling_deploy_dead_letter_nothing,
 );
 
 fn unique(what: &str) -> String {
@@ -346,8 +347,9 @@ async fn handler_errors_are_retried_then_dead_lettered_with_the_error(broker: Br
 }
 
 /// Garbage bytes, a missing header, an unknown event type and a too-new version (each of its
-/// own key), each followed by a good message (of another key) on the same partition:
-/// dead-lettered with the reason (or skipped by policy), and the good messages are handled. A
+/// own key; the last two treated as undecodable by policy, as they are not by default), each
+/// followed by a good message (of another key) on the same partition: dead-lettered with the
+/// reason (or skipped by policy), and the good messages are handled. A
 /// last good message of the garbage's key is parked behind it (dead-letter policy) or handled
 /// (skip policy: nothing was dead-lettered).
 async fn undecodable_messages_are_dead_lettered_or_skipped_and_the_consumer_goes_on(
@@ -388,6 +390,8 @@ async fn undecodable_messages_are_dead_lettered_or_skipped_and_the_consumer_goes
     let consumer = broker
         .consumer(&topic, &unique("dead-letter"))
         .on_undecodable(UndecodablePolicy::DeadLetter)
+        .on_unhandled(UnhandledPolicy::Undecodable)
+        .on_newer_version(NewerVersionPolicy::Undecodable)
         .handler(handler(handled.clone()))
         .build()
         .unwrap();
@@ -437,6 +441,8 @@ async fn undecodable_messages_are_dead_lettered_or_skipped_and_the_consumer_goes
     let consumer = broker
         .consumer(&topic, &unique("skip"))
         .on_undecodable(UndecodablePolicy::Skip)
+        .on_unhandled(UnhandledPolicy::Undecodable)
+        .on_newer_version(NewerVersionPolicy::Undecodable)
         .handler(handler(handled.clone()))
         .build()
         .unwrap();
@@ -450,6 +456,184 @@ async fn undecodable_messages_are_dead_lettered_or_skipped_and_the_consumer_goes
         (5, 4, 0)
     );
     assert_eq!(*handled.lock().unwrap(), [10, 11, 12, 13, 14]);
+}
+
+/// The events of the `shop` aggregate as their producer declares them: one enum.
+mod shop_v1 {
+    use super::*;
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
+    #[outbox(crate = outbox_core, aggregate = "shop")]
+    pub enum ShopEvent {
+        OrderPlaced {
+            #[outbox(aggregate_id)]
+            order_id: u64,
+            n: u64,
+        },
+        OrderCancelled {
+            #[outbox(aggregate_id)]
+            order_id: u64,
+            n: u64,
+        },
+    }
+}
+
+/// The producer's next release: a new event type, and `OrderPlaced` in a version 2 (a struct
+/// of its own now).
+mod shop_v2 {
+    use super::*;
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
+    #[outbox(crate = outbox_core, aggregate = "shop")]
+    pub enum ShopEvent {
+        OrderShipped {
+            #[outbox(aggregate_id)]
+            order_id: u64,
+            n: u64,
+        },
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
+    #[outbox(crate = outbox_core, aggregate = "shop", event_type = "OrderPlaced", version = 2)]
+    pub struct OrderPlaced {
+        #[outbox(aggregate_id)]
+        pub order_id: u64,
+        pub n: u64,
+        #[serde(default)]
+        pub note: String,
+    }
+}
+
+/// What another service (billing) declares of the topic: `OrderPlaced` alone, as a struct.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
+#[outbox(crate = outbox_core, aggregate = "shop", event_type = "OrderPlaced", version = 1)]
+struct BillingOrderPlaced {
+    #[outbox(aggregate_id)]
+    order_id: u64,
+    n: u64,
+}
+
+/// A second service consumes a topic whose producer declares its events as one enum, handling
+/// only `OrderPlaced`, declared as its own struct; then the producer is deployed first with a
+/// new event type and a version 2 of `OrderPlaced`, while that consumer runs; then the
+/// consumer is upgraded (same group). With the defaults: the enum's variant decodes as the
+/// struct, the other event types are acknowledged (not dead-lettered, no key parked), the
+/// consumer holds at the first version 2 until the upgrade, and every `OrderPlaced` is applied
+/// once, in order per order.
+async fn a_second_service_and_a_rolling_deploy_dead_letter_nothing(broker: Broker) {
+    use shop_v1::ShopEvent as V1;
+    use shop_v2::ShopEvent as V2;
+    const ORDERS: u64 = 6;
+    let topic = broker.topic("shop").await;
+    let mut messages = Vec::new();
+    for order_id in 0..ORDERS {
+        for (n, cancelled) in [(0, false), (1, true), (2, false)] {
+            let event = match cancelled {
+                false => V1::OrderPlaced { order_id, n },
+                true => V1::OrderCancelled { order_id, n },
+            };
+            let seq = messages.len() as i64;
+            messages.push(claimed(
+                NewMessage::from_event(&event, Headers::new()).unwrap(),
+                seq,
+            ));
+        }
+    }
+    // Written the wire's way: the variant's own fields, no wrapper naming it.
+    assert_eq!(messages[0].payload, r#"{"order_id":0,"n":0}"#);
+    broker.publish(&topic, &messages).await;
+    let mut deployed = Vec::new();
+    for order_id in 0..ORDERS {
+        let shipped = V2::OrderShipped { order_id, n: 3 };
+        let placed = shop_v2::OrderPlaced {
+            order_id,
+            n: 4,
+            note: "gift".into(),
+        };
+        let seq = (messages.len() + deployed.len()) as i64;
+        deployed.push(claimed(
+            NewMessage::from_event(&shipped, Headers::new()).unwrap(),
+            seq,
+        ));
+        deployed.push(claimed(
+            NewMessage::from_event(&placed, Headers::new()).unwrap(),
+            seq + 1,
+        ));
+    }
+    broker.publish(&topic, &deployed).await;
+
+    // What an `#[idempotent]` handler keeps: the inbox of event ids, and the effects.
+    type Applied = Arc<Mutex<(std::collections::HashSet<Uuid>, Vec<(u64, u64)>)>>;
+    let applied: Applied = Arc::default();
+    let apply = |applied: &Applied, id: Uuid, order_id: u64, n: u64| {
+        let mut a = applied.lock().unwrap();
+        match a.0.insert(id) {
+            true => {
+                a.1.push((order_id, n));
+                Outcome::Applied(())
+            }
+            false => Outcome::Duplicate,
+        }
+    };
+    let group = unique("billing");
+    let a = applied.clone();
+    let old = broker
+        .consumer(&topic, &group)
+        .handler(move |event: Envelope<BillingOrderPlaced>| {
+            let outcome = apply(&a, event.id, event.order_id, event.n);
+            async move { Ok::<_, String>(outcome) }
+        })
+        .build()
+        .unwrap();
+    let stats = run_until(broker.name, old, |s| {
+        n(&s.waiting_for_upgrade) == 1 && n(&s.newer_version_attempts) >= 2
+    })
+    .await;
+    assert_eq!(
+        (n(&stats.dead_lettered), n(&stats.parked), n(&stats.skipped)),
+        (0, 0, 0),
+        "{}: {stats:?}",
+        broker.name
+    );
+    assert!(n(&stats.unhandled) >= 1, "{}: {stats:?}", broker.name);
+    let before = applied.lock().unwrap().1.len();
+    assert!(
+        before >= 1,
+        "{}: nothing applied before the hold",
+        broker.name
+    );
+
+    let a = applied.clone();
+    let upgraded = broker
+        .consumer(&topic, &group)
+        .handler(move |event: Envelope<shop_v2::OrderPlaced>| {
+            let outcome = apply(&a, event.id, event.order_id, event.n);
+            async move { Ok::<_, String>(outcome) }
+        })
+        .build()
+        .unwrap();
+    let placed = (ORDERS * 3) as usize;
+    let done = applied.clone();
+    let stats = run_until(broker.name, upgraded, move |_| {
+        done.lock().unwrap().0.len() == placed
+    })
+    .await;
+    assert_eq!(
+        (n(&stats.dead_lettered), n(&stats.parked)),
+        (0, 0),
+        "{}: {stats:?}",
+        broker.name
+    );
+    let effects = applied.lock().unwrap().1.clone();
+    assert_eq!(effects.len(), placed, "{}: each applied once", broker.name);
+    for order_id in 0..ORDERS {
+        let ns: Vec<u64> = effects
+            .iter()
+            .filter(|(o, _)| *o == order_id)
+            .map(|(_, n)| *n)
+            .collect();
+        assert_eq!(ns, [0, 2, 4], "{}: order {order_id}", broker.name);
+    }
 }
 
 /// 300 events of 10 orders over 3 partitions, some failing once: every order's events are

@@ -13,6 +13,7 @@ use crate::expand::{private, respan};
 pub(crate) fn methods(event: &Event<'_>) -> TokenStream {
     let private = private(event);
     let is_enum = event.is_enum;
+    let externally_tagged = is_enum && !serde_tagged(&event.input.attrs);
     let generic = !event.input.generics.params.is_empty();
     // The schema probe decides on a concrete type; a generic type has no single schema.
     let schema = if generic {
@@ -44,6 +45,7 @@ pub(crate) fn methods(event: &Event<'_>) -> TokenStream {
                 rust_type: ::core::any::type_name::<Self>(),
                 event_types: <Self as #private::OutboxEvent>::EVENT_TYPES,
                 is_enum: #is_enum,
+                externally_tagged: #externally_tagged,
                 upcasts: ::std::vec![#(#links),*],
                 schema: #schema,
             }
@@ -73,6 +75,21 @@ pub(crate) fn methods(event: &Event<'_>) -> TokenStream {
     }
 }
 
+/// Whether `#[serde(...)]` among `attrs` makes an enum internally or adjacently tagged
+/// (`tag = ...`) or untagged: serde then writes no wrapper around a variant.
+fn serde_tagged(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|attr| {
+        match &attr.meta {
+        syn::Meta::List(list) if list.path.is_ident("serde") => {
+            list.tokens.clone().into_iter().any(|tt| {
+                matches!(&tt, proc_macro2::TokenTree::Ident(i) if i == "tag" || i == "untagged")
+            })
+        }
+        _ => false,
+    }
+    })
+}
+
 /// Decoding an older version of one event type: as the source when the version is the
 /// source's, through the source's own chain when it is older, and as `Self` otherwise (a
 /// version between the source's and ours, which no type of the chain describes).
@@ -93,15 +110,15 @@ fn upcast_arm(private: &TokenStream, def: &EventDef<'_>) -> Option<TokenStream> 
     let decode = quote_spanned!(span=> #private::decode_source::<#source>);
     Some(quote! {
         #event_type => {
-            const __OUTBOX_SOURCE: ::core::primitive::u32 = #private::source_version(
-                <#source as #private::OutboxEvent>::EVENT_TYPES,
-                #event_type,
-            );
+            const __OUTBOX_SOURCE_TYPES: &[#private::EventType] =
+                <#source as #private::OutboxEvent>::EVENT_TYPES;
+            const __OUTBOX_SOURCE: ::core::primitive::u32 =
+                #private::source_version(__OUTBOX_SOURCE_TYPES, #event_type);
             if __outbox_version >= #version || __outbox_version > __OUTBOX_SOURCE {
                 return #private::Option::None;
             }
             let __outbox_source = if __outbox_version == __OUTBOX_SOURCE {
-                #decode(__outbox_payload)
+                #decode(__OUTBOX_SOURCE_TYPES, __outbox_event_type, __outbox_payload)
             } else {
                 match <#source as #private::OutboxEvent>::__outbox_upcast(
                     __outbox_event_type,
@@ -109,7 +126,9 @@ fn upcast_arm(private: &TokenStream, def: &EventDef<'_>) -> Option<TokenStream> 
                     __outbox_payload,
                 ) {
                     #private::Option::Some(__outbox_result) => __outbox_result,
-                    #private::Option::None => #decode(__outbox_payload),
+                    #private::Option::None => {
+                        #decode(__OUTBOX_SOURCE_TYPES, __outbox_event_type, __outbox_payload)
+                    }
                 }
             };
             #private::Option::Some(#from)

@@ -334,7 +334,8 @@ impl<E: OutboxEvent + DeserializeOwned> Envelope<E> {
         // An older version goes through the type's upcast chain when it has one for that
         // version (`#[outbox(upcast_from = ...)]`), so handlers only see the current type.
         let payload: E = match E::__outbox_upcast(meta.event_type, meta.version, payload) {
-            None => serde_json::from_slice(payload).map_err(|e| payload_error(e.to_string()))?,
+            None => crate::wire::decode(meta.event_type, payload)
+                .map_err(|e| payload_error(e.to_string()))?,
             Some(Ok(payload)) => payload,
             Some(Err(failure)) => {
                 return Err(DecodeError::Payload {

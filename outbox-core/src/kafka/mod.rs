@@ -151,7 +151,8 @@ pub use consumer::{
     AfterDeadLetter, ConsumerStats, DEFAULT_MAX_PARKED_KEYS, DEFAULT_OUTAGE_BACKOFF,
     DEFAULT_RETRY_BACKOFF, DLT_HEADER_ATTEMPTS, DLT_HEADER_ERROR, DLT_HEADER_ERROR_KIND,
     DLT_HEADER_GROUP, DLT_HEADER_OFFSET, DLT_HEADER_PARKED_BEHIND, DLT_HEADER_PARKED_BEHIND_ID,
-    DLT_HEADER_PARTITION, DLT_HEADER_TOPIC, KafkaConsumer, KafkaConsumerBuilder, UndecodablePolicy,
+    DLT_HEADER_PARTITION, DLT_HEADER_TOPIC, KafkaConsumer, KafkaConsumerBuilder,
+    NewerVersionPolicy, UndecodablePolicy, UnhandledPolicy,
 };
 pub use error::{BrokerUnreachable, KafkaConfigError};
 #[cfg(feature = "relay")]

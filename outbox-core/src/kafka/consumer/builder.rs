@@ -13,7 +13,7 @@ use super::dead_letter::{DeadLetterTopic, DeadLetters};
 use super::dispatch::{self, Dispatch};
 use super::policy::{
     AfterDeadLetter, DEFAULT_MAX_PARKED_KEYS, DEFAULT_OUTAGE_BACKOFF, DEFAULT_RETRY_BACKOFF,
-    UndecodablePolicy,
+    NewerVersionPolicy, UndecodablePolicy, UnhandledPolicy,
 };
 use super::{KafkaConsumer, Settings};
 use crate::backoff::Backoff;
@@ -63,6 +63,8 @@ pub struct KafkaConsumerBuilder {
     duplicate_handler: Option<(String, String)>,
     dead_letter_topic: DeadLetterTopic,
     undecodable: UndecodablePolicy,
+    unhandled: UnhandledPolicy,
+    newer_version: NewerVersionPolicy,
     max_attempts: u32,
     backoff: Backoff,
     outage_backoff: Backoff,
@@ -84,6 +86,8 @@ impl Default for KafkaConsumerBuilder {
             duplicate_handler: None,
             dead_letter_topic: DeadLetterTopic::Suffix(".dlt".to_owned()),
             undecodable: UndecodablePolicy::default(),
+            unhandled: UnhandledPolicy::default(),
+            newer_version: NewerVersionPolicy::default(),
             max_attempts: 5,
             backoff: DEFAULT_RETRY_BACKOFF,
             outage_backoff: DEFAULT_OUTAGE_BACKOFF,
@@ -403,6 +407,32 @@ impl KafkaConsumerBuilder {
         self
     }
 
+    /// What to do with a message of an event type that has no handler (default:
+    /// [`UnhandledPolicy::Acknowledge`]).
+    ///
+    /// ```
+    /// use outbox_core::kafka::UnhandledPolicy;
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().on_unhandled(UnhandledPolicy::Undecodable);
+    /// # drop(builder);
+    /// ```
+    pub fn on_unhandled(mut self, policy: UnhandledPolicy) -> Self {
+        self.unhandled = policy;
+        self
+    }
+
+    /// What to do with a message whose version is newer than its handler knows (default:
+    /// [`NewerVersionPolicy::Hold`]).
+    ///
+    /// ```
+    /// use outbox_core::kafka::NewerVersionPolicy;
+    /// let builder = outbox_core::kafka::KafkaConsumer::builder().on_newer_version(NewerVersionPolicy::Undecodable);
+    /// # drop(builder);
+    /// ```
+    pub fn on_newer_version(mut self, policy: NewerVersionPolicy) -> Self {
+        self.newer_version = policy;
+        self
+    }
+
     /// On shutdown, how long the message in flight may take to finish (default 30 s). After
     /// that its handler is dropped unfinished and the message is read again on restart.
     ///
@@ -489,6 +519,8 @@ impl KafkaConsumerBuilder {
                 assignment: self.assignment,
                 dispatch: self.dispatch,
                 undecodable: self.undecodable,
+                unhandled: self.unhandled,
+                newer_version: self.newer_version,
                 max_attempts: self.max_attempts,
                 backoff: self.backoff,
                 outage_backoff: self.outage_backoff,

@@ -36,7 +36,7 @@ pub use dead_letter::{
 };
 pub use policy::{
     AfterDeadLetter, DEFAULT_MAX_PARKED_KEYS, DEFAULT_OUTAGE_BACKOFF, DEFAULT_RETRY_BACKOFF,
-    UndecodablePolicy,
+    NewerVersionPolicy, UndecodablePolicy, UnhandledPolicy,
 };
 pub use stats::ConsumerStats;
 
@@ -45,6 +45,7 @@ use dispatch::{Dispatch, Handled, Undecodable};
 use hold::Held;
 use parking::Parking;
 
+use crate::DecodeError;
 use crate::backoff::{Backoff, SplitMix};
 use crate::fault::{ErrorClass, Permanent, chain_text, classify_with};
 
@@ -66,6 +67,8 @@ struct Settings {
     assignment: Vec<(String, i32)>,
     dispatch: Dispatch,
     undecodable: UndecodablePolicy,
+    unhandled: UnhandledPolicy,
+    newer_version: NewerVersionPolicy,
     max_attempts: u32,
     backoff: Backoff,
     outage_backoff: Backoff,
@@ -84,9 +87,11 @@ struct Settings {
 ///    [`DLT_HEADER_PARKED_BEHIND`] header naming that dead letter, and not handled (unless
 ///    [`AfterDeadLetter::SkipAhead`]).
 /// 2. Find the handler of its event type (its `aggregate_type` and `event_type` headers) and
-///    decode it into that handler's [`Envelope<E>`](crate::Envelope). A message that cannot be
-///    handled at all (bad headers or payload, a version newer than `E` knows, no handler for
-///    its type) goes to the dead-letter topic or is skipped with a logged error, by
+///    decode it into that handler's [`Envelope<E>`](crate::Envelope). A message of an event
+///    type without a handler is acknowledged and counted ([`UnhandledPolicy`]); one of a
+///    version newer than `E` knows holds the partition until a consumer that knows it is
+///    deployed ([`NewerVersionPolicy`]). A message that cannot be handled at all (bad headers
+///    or payload) goes to the dead-letter topic or is skipped with a logged error, by
 ///    [`UndecodablePolicy`].
 /// 3. Run the handler. `Ok(Applied)` means its transaction committed; `Ok(Duplicate)` that the
 ///    inbox recognised the message. An `Err` is classified ([`crate::fault`]):
@@ -250,6 +255,14 @@ impl KafkaConsumer {
             let handling = self.handle(&message, &mut stop);
             let done = handling.instrument(span.clone()).await;
             trace::ended(&span, &done);
+            if self
+                .stats
+                .waiting_for_upgrade
+                .swap(0, std::sync::atomic::Ordering::Relaxed)
+                == 1
+            {
+                metrics::gauge!("outbox_consumer_waiting_for_upgrade").set(0.0);
+            }
             if let Done::Yes = done {
                 self.store(&message);
             }
@@ -285,6 +298,33 @@ impl KafkaConsumer {
     /// Handles one message: park, or decode and run the handler with retries (an outage's for
     /// as long as it takes, poison's up to `max_attempts`), then dead-letter or skip.
     async fn handle(&mut self, message: &OwnedMessage, stop: &mut Stop<'_>) -> Done {
+        let handler = self.settings.dispatch.handler_for(message);
+        if let Err(Undecodable::NoHandler {
+            aggregate_type,
+            event_type,
+            ..
+        }) = &handler
+            && self.settings.unhandled == UnhandledPolicy::Acknowledge
+        {
+            // Before parking: an event this consumer does not handle is no part of its keys'
+            // order, and writing it to the dead-letter topic would say it failed.
+            tracing::debug!(
+                topic = message.topic(), partition = message.partition(),
+                offset = message.offset(), %aggregate_type, %event_type,
+                "acknowledging a message of an event type without a handler"
+            );
+            trace::outcome("unhandled");
+            self.stats
+                .unhandled
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            metrics::counter!(
+                "outbox_consumer_unhandled_total",
+                "aggregate_type" => aggregate_type.clone(),
+                "event_type" => event_type.clone(),
+            )
+            .increment(1);
+            return Done::Yes;
+        }
         if self.settings.after_dead_letter == AfterDeadLetter::ParkKey
             && let Some(head) = self.parking.head_of(message)
         {
@@ -302,7 +342,7 @@ impl KafkaConsumer {
                 .dead_letter(message, Kind::Parked(head), &why, 0, stop)
                 .await;
         }
-        let handler = match self.settings.dispatch.handler_for(message) {
+        let handler = match handler {
             Ok(handler) => handler,
             Err(why) => return self.undecodable(message, &why, stop).await,
         };
@@ -310,6 +350,15 @@ impl KafkaConsumer {
         loop {
             let run = match handler.call(message) {
                 Ok(run) => run,
+                Err(e @ DecodeError::VersionTooNew { .. })
+                    if self.settings.newer_version == NewerVersionPolicy::Hold =>
+                {
+                    outage += 1;
+                    if !self.wait_for_upgrade(message, &e, outage, stop).await {
+                        return Done::Stopped;
+                    }
+                    continue;
+                }
                 Err(e) => {
                     return self
                         .undecodable(message, &Undecodable::Decode(e), stop)
@@ -406,6 +455,39 @@ impl KafkaConsumer {
                 return Done::Stopped;
             }
         }
+    }
+
+    /// Holds a message whose version is newer than its handler knows for the `failures`-th
+    /// time, as an outage: the outage backoff with the partitions paused. `false` if shutdown
+    /// came first.
+    async fn wait_for_upgrade(
+        &mut self,
+        message: &OwnedMessage,
+        why: &DecodeError,
+        failures: u32,
+        stop: &mut Stop<'_>,
+    ) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let wait = self
+            .settings
+            .outage_backoff
+            .delay(failures, self.rng.unit());
+        ConsumerStats::add(
+            &self.stats.newer_version_attempts,
+            "outbox_consumer_newer_version_attempts_total",
+        );
+        if failures == 1 || failures.is_multiple_of(10) {
+            tracing::warn!(
+                topic = message.topic(), partition = message.partition(),
+                offset = message.offset(), failures, error = %why, retry_in = ?wait,
+                "a message is newer than this consumer knows; its partitions are paused until \
+                 a consumer that knows its version is deployed"
+            );
+        }
+        if self.stats.waiting_for_upgrade.swap(1, Relaxed) == 0 {
+            metrics::gauge!("outbox_consumer_waiting_for_upgrade").set(1.0);
+        }
+        self.hold(wait, stop).await
     }
 
     /// The fault class of a handler's error: link by link, the markers, the builder's

@@ -23,9 +23,11 @@ pub enum AfterDeadLetter {
 }
 
 /// What happens to a message that cannot be handled at all: its headers or payload do not
-/// decode (a [`DecodeError`](crate::DecodeError): garbage bytes, a missing header, a version
-/// newer than the handler knows, ...) or no handler is registered for its event type. Either
-/// way the consumer goes on with the next message: never a crash loop.
+/// decode (a [`DecodeError`](crate::DecodeError): garbage bytes, a missing header, a payload
+/// that is not the event's shape, ...), or, by [`UnhandledPolicy::Undecodable`] and
+/// [`NewerVersionPolicy::Undecodable`], its event type has no handler or its version is newer
+/// than the handler knows. Either way the consumer goes on with the next message: never a
+/// crash loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum UndecodablePolicy {
     /// Write it to the dead-letter topic with the reason in the
@@ -36,6 +38,41 @@ pub enum UndecodablePolicy {
     /// Log it at `error` level with the reason, and go on. The message stays in its topic (its
     /// offset says where) but this consumer group will not see it again.
     Skip,
+}
+
+/// What happens to a message of an event type that this consumer has no handler for.
+///
+/// A topic carries every event type of its aggregate, and a consumer handles those it needs:
+/// a second service, or a producer deployed with a new event type before its consumers
+/// (see the README's rolling deploys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum UnhandledPolicy {
+    /// Acknowledged (its offset stored) and counted, in
+    /// [`ConsumerStats::unhandled`](super::ConsumerStats::unhandled) and the
+    /// `outbox_consumer_unhandled_total` counter labelled by aggregate and event type. It is
+    /// not dead-lettered and parks no key.
+    #[default]
+    Acknowledge,
+    /// Treated as a message that cannot be handled, by the [`UndecodablePolicy`]: for a
+    /// consumer that must handle every event type of its topics.
+    Undecodable,
+}
+
+/// What happens to a message whose event version is newer than its handler's type knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum NewerVersionPolicy {
+    /// Held like an outage: the partitions are paused and the message is tried again with the
+    /// outage backoff until a consumer that knows the version replaces this one (producers
+    /// deployed before their consumers). Nothing is dead-lettered and no later message of
+    /// the partition is applied before it. Visible in
+    /// [`ConsumerStats::waiting_for_upgrade`](super::ConsumerStats::waiting_for_upgrade), the
+    /// `outbox_consumer_waiting_for_upgrade` gauge and a warning naming the version.
+    #[default]
+    Hold,
+    /// Treated as a message that cannot be handled, by the [`UndecodablePolicy`].
+    Undecodable,
 }
 
 /// The retry backoff unless configured: 200 ms, doubling, at most 5 s, ±20 %.

@@ -24,6 +24,16 @@ pub struct ConsumerStats {
     /// Messages parked behind an earlier dead letter of their key (written to the dead-letter
     /// topic, not handled).
     pub parked: AtomicU64,
+    /// Messages of an event type without a handler, acknowledged by
+    /// [`UnhandledPolicy::Acknowledge`](super::UnhandledPolicy::Acknowledge).
+    pub unhandled: AtomicU64,
+    /// Attempts to decode a message whose version is newer than its handler knows, held by
+    /// [`NewerVersionPolicy::Hold`](super::NewerVersionPolicy::Hold).
+    pub newer_version_attempts: AtomicU64,
+    /// 1 while a message of a newer version than its handler knows holds the consumer
+    /// ([`NewerVersionPolicy::Hold`](super::NewerVersionPolicy::Hold)), else 0: the
+    /// consumer waits for an upgrade.
+    pub waiting_for_upgrade: AtomicU64,
     /// Undecodable messages skipped (by [`UndecodablePolicy::Skip`](super::UndecodablePolicy::Skip)).
     pub skipped: AtomicU64,
     /// Offsets stored for commit: messages done.
