@@ -102,6 +102,8 @@ pub trait Backend: Contract<Db = TestDatabase> {
     /// Reverts (with their `down.sql`) the migrations newer than `version`, so a test can
     /// write rows that later constraints would refuse.
     fn revert_after(db: &TestDatabase, version: &str);
+    /// A `created_at` the backend stores that no `DateTime<Utc>` represents, as SQL.
+    const UNREPRESENTABLE_TIME: &'static str;
     /// The connection the admin API runs on.
     type AdminConn: outbox::relay::admin::AdminConnection;
     /// An admin connection to the database.
@@ -201,6 +203,7 @@ impl Contract for Postgres {
 
 #[cfg(feature = "postgres")]
 impl Backend for Postgres {
+    const UNREPRESENTABLE_TIME: &'static str = "'infinity'";
     type AdminConn = diesel_async::AsyncPgConnection;
     async fn admin(db: &TestDatabase) -> Self::AdminConn {
         use diesel_async::AsyncConnection;
@@ -254,6 +257,7 @@ impl Contract for Mysql {
 
 #[cfg(feature = "mysql")]
 impl Backend for Mysql {
+    const UNREPRESENTABLE_TIME: &'static str = "'0000-00-00 00:00:00'";
     type AdminConn = diesel_async::AsyncMysqlConnection;
     async fn admin(db: &TestDatabase) -> Self::AdminConn {
         use diesel_async::AsyncConnection;
@@ -323,6 +327,7 @@ impl Contract for Sqlite {
 
 #[cfg(feature = "sqlite")]
 impl Backend for Sqlite {
+    const UNREPRESENTABLE_TIME: &'static str = "'yesterday'";
     type AdminConn =
         diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
     async fn admin(db: &TestDatabase) -> Self::AdminConn {

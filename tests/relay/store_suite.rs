@@ -690,6 +690,68 @@ pub async fn malformed_rows_are_dead_lettered<B: Backend>() {
     );
 }
 
+/// A row whose `created_at` no `DateTime<Utc>` represents (written by another program:
+/// PostgreSQL's `infinity`, MySQL's zero date, SQLite text in no date format) is dead-lettered
+/// alone with a `last_error` naming the column and the value, and every other row is
+/// claimed: the bad row's later events are given back (an ordered claim then holds them
+/// behind the dead letter, an unordered one claims them next). Before, the claim statement failed as a whole and the relay took it for a
+/// database outage, publishing nothing.
+pub async fn unrepresentable_created_at_is_dead_lettered_alone<B: Backend>(ordered_claim: bool) {
+    let db = B::database("bad_time");
+    B::fill(&db, 5, 2); // seq 1..5: E0 of aggregates 0..4; seq 6..10: their E1
+    let first = B::count(&db, "SELECT MIN(seq) AS n FROM outbox_events");
+    B::exec(
+        &db,
+        &format!(
+            "UPDATE outbox_events SET created_at = {} WHERE seq = {}",
+            B::UNREPRESENTABLE_TIME,
+            first + 2
+        ),
+    );
+    let mut store = B::store(&db);
+    let claim = match ordered_claim {
+        true => {
+            store.rebalance_shards("r", LEASE).await.unwrap();
+            ordered("r", 100, true, false, true)
+        }
+        false => unordered("r", 100),
+    };
+    let got = store.claim(&claim).await.unwrap();
+    let want: Vec<i64> = (0..10)
+        .map(|i| first + i)
+        .filter(|s| *s != first + 2 && *s != first + 7)
+        .collect();
+    assert_eq!(got.iter().map(|m| m.seq).collect::<Vec<_>>(), want);
+    let next = store.claim(&claim).await.unwrap();
+    let next: Vec<i64> = next.iter().map(|m| m.seq).collect();
+    match ordered_claim {
+        true => assert!(next.is_empty(), "{next:?} waits behind the dead letter"),
+        false => assert_eq!(next, [first + 7]),
+    }
+    let value = B::UNREPRESENTABLE_TIME.trim_matches('\'');
+    let text =
+        format!("column `created_at` is not a time the relay can represent (value \"{value}");
+    let dead = B::count(
+        &db,
+        &format!(
+            "SELECT COUNT(*) AS n FROM outbox_events WHERE seq = {} AND dead_at IS NOT NULL \
+             AND published_at IS NULL AND locked_by IS NULL AND last_error LIKE '%{}%'",
+            first + 2,
+            text.replace('\'', "''")
+        ),
+    );
+    let error = B::count(
+        &db,
+        "SELECT COUNT(*) AS n FROM outbox_events WHERE last_error IS NOT NULL",
+    );
+    assert_eq!(
+        (dead, error),
+        (1, 1),
+        "row {} dead-lettered: {text}",
+        first + 2
+    );
+}
+
 /// A store on a database without the outbox's tables says which table is missing and how to
 /// create it, in one line.
 pub async fn missing_tables_are_named<B: Backend>() {
@@ -857,6 +919,14 @@ macro_rules! store_suite {
         #[tokio::test]
         async fn malformed_rows_are_dead_lettered() {
             s::malformed_rows_are_dead_lettered::<$backend>().await;
+        }
+        #[tokio::test]
+        async fn unrepresentable_created_at_is_dead_lettered_alone_ordered() {
+            s::unrepresentable_created_at_is_dead_lettered_alone::<$backend>(true).await;
+        }
+        #[tokio::test]
+        async fn unrepresentable_created_at_is_dead_lettered_alone_unordered() {
+            s::unrepresentable_created_at_is_dead_lettered_alone::<$backend>(false).await;
         }
         #[tokio::test]
         async fn missing_tables_are_named() {

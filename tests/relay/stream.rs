@@ -790,6 +790,60 @@ async fn stream_dead_letter_parks_its_aggregate_until_retried_or_purged() {
     );
 }
 
+/// A row whose `created_at` is `infinity` (valid PostgreSQL, written by another program) is a
+/// dead letter at once with the column and value in its error, its aggregate's later events
+/// are parked behind it, and every other aggregate is published: a row that does not decode
+/// is no database outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_row_with_an_unrepresentable_time_is_a_dead_letter() {
+    let db = Postgres::database("stream_bad_time");
+    let broker = Arc::new(MemoryBroker::new());
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    for n in 1..=3 {
+        insert(&mut conn, "x", n);
+        insert(&mut conn, &format!("y{n}"), 1);
+    }
+    exec(
+        &mut conn,
+        "UPDATE outbox_events SET created_at = 'infinity' \
+         WHERE aggregate_id = 'x' AND payload->>'n' = '2'",
+    );
+    let (stop, handle, _) = start_with(&db, &broker, stream_config());
+    assert!(
+        wait_for(15, || stream_dead_letters(&db).len() == 2
+            && delivered(&broker).iter().filter(|(a, _)| a != "x").count()
+                >= 3)
+        .await,
+        "dead letters {:?}, delivered {:?}",
+        stream_dead_letters(&db),
+        delivered(&broker)
+    );
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    let dead = stream_dead_letters(&db);
+    assert_eq!(
+        (
+            dead[0].0.as_str(),
+            dead[0].1,
+            dead[0].3,
+            dead[1].1,
+            dead[1].3
+        ),
+        ("x", 2, false, 3, true),
+        "{dead:?}"
+    );
+    assert_eq!(numbers_of(&delivered(&broker), "x"), [1]);
+    assert_eq!(
+        Postgres::count(
+            &db,
+            "SELECT COUNT(*) AS n FROM outbox_stream_dead_letters WHERE parked_behind IS NULL \
+             AND last_error LIKE '%column `created_at` is not a time the relay can represent \
+             (value \"infinity\")%'"
+        ),
+        1
+    );
+}
+
 /// With `DeadLetterPolicy::Skip` a dead letter is copied aside and its aggregate's later
 /// events pass it; retried, it is published then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -58,7 +58,10 @@ fn an_enum_variants_schema_is_its_payloads() {
     let mut names: Vec<&str> = properties.keys().map(String::as_str).collect();
     names.sort();
     assert_eq!(names, ["parcel_id", "weight_grams"], "{schema}");
-    assert_eq!(schema["required"], serde_json::json!(["parcel_id", "weight_grams"]));
+    assert_eq!(
+        schema["required"],
+        serde_json::json!(["parcel_id", "weight_grams"])
+    );
 
     let row = outbox::NewMessage::from_event(
         &ParcelEvent::ParcelSent {
@@ -70,7 +73,10 @@ fn an_enum_variants_schema_is_its_payloads() {
     .unwrap();
     let payload: serde_json::Value = serde_json::from_str(&row.payload).unwrap();
     let keys: Vec<&String> = payload.as_object().unwrap().keys().collect();
-    assert!(keys.iter().all(|k| properties.contains_key(*k)), "{payload}");
+    assert!(
+        keys.iter().all(|k| properties.contains_key(*k)),
+        "{payload}"
+    );
     let lost = catalog.current("parcel", "ParcelLost").unwrap();
     let lost = lost.schema.as_ref().unwrap();
     assert_eq!(lost["required"], serde_json::json!(["parcel_id"]), "{lost}");

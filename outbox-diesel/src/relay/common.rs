@@ -7,6 +7,8 @@ use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
 use outbox_core::Headers;
 use outbox_core::relay::{Failure, OutboxMessage, StoreError};
 
+pub(crate) use super::created_at::CreatedAt;
+
 /// What a store that records relay sessions keeps to guard its relay's id: the last
 /// heartbeat (repeated on every new connection, before anything else runs on it) and whether
 /// another live relay holds the id.
@@ -147,6 +149,14 @@ pub(crate) fn parse_headers(seq: i64, json: &str) -> Result<Headers, Failure> {
 pub(crate) struct Malformed {
     pub failure: Failure,
     key: (String, String),
+}
+
+impl Malformed {
+    /// The row's aggregate: type, id.
+    #[cfg(feature = "postgres_backend")]
+    pub(crate) fn key(&self) -> &(String, String) {
+        &self.key
+    }
 }
 
 /// What a claim's rows come to: the messages to publish (in `seq` order), the malformed rows
@@ -426,11 +436,12 @@ pub(crate) struct ClaimedColumns {
 impl ClaimedColumns {
     /// The message, given the id and creation time the backend stored in its own types; a
     /// row that cannot be published as it is (empty aggregate type, aggregate id or event
-    /// type, headers not a JSON object, an invalid id) is a [`malformed`] failure instead.
+    /// type, headers not a JSON object, an invalid id, a creation time no `DateTime<Utc>`
+    /// represents) is a [`malformed`] failure instead.
     pub(crate) fn into_message(
         self,
         id: Result<uuid::Uuid, Failure>,
-        created_at: chrono::DateTime<chrono::Utc>,
+        created_at: CreatedAt,
     ) -> Result<OutboxMessage, Malformed> {
         let key = (self.aggregate_type.clone(), self.aggregate_id.clone());
         let bad = |failure| Malformed { failure, key };
@@ -444,9 +455,17 @@ impl ClaimedColumns {
                 return Err(bad(malformed(seq, column, value, "is empty")));
             }
         }
-        let (id, headers) = match (id, parse_headers(seq, &self.headers)) {
-            (Ok(id), Ok(headers)) => (id, headers),
-            (Err(f), _) | (_, Err(f)) => return Err(bad(f)),
+        let created_at = created_at.0.map_err(|value| {
+            malformed(
+                seq,
+                "created_at",
+                &value,
+                "is not a time the relay can represent",
+            )
+        });
+        let (id, headers, created_at) = match (id, parse_headers(seq, &self.headers), created_at) {
+            (Ok(id), Ok(headers), Ok(created_at)) => (id, headers, created_at),
+            (Err(f), _, _) | (_, Err(f), _) | (_, _, Err(f)) => return Err(bad(f)),
         };
         Ok(OutboxMessage {
             seq,
@@ -475,7 +494,7 @@ pub(crate) struct TextIdRow {
     #[diesel(sql_type = diesel::sql_types::Text)]
     id: String,
     #[diesel(sql_type = diesel::sql_types::Timestamp)]
-    created_at: chrono::NaiveDateTime,
+    created_at: CreatedAt,
 }
 
 #[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
@@ -483,7 +502,7 @@ impl TextIdRow {
     /// The message, or the row's [`malformed`] failure (an invalid id among them).
     pub(crate) fn into_message(self) -> Result<OutboxMessage, Malformed> {
         let id = parse_id(self.columns.seq, &self.id);
-        self.columns.into_message(id, self.created_at.and_utc())
+        self.columns.into_message(id, self.created_at)
     }
 }
 

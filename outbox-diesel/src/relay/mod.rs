@@ -15,6 +15,7 @@
 pub mod admin;
 mod base;
 mod common;
+mod created_at;
 #[cfg(feature = "mysql_backend")]
 mod mysql;
 #[cfg(feature = "postgres_backend")]

@@ -9,7 +9,6 @@ pub(super) mod stream;
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
 use diesel::pg::Pg;
 use diesel::sql_types::{BigInt, Double, Timestamptz};
@@ -18,7 +17,7 @@ use outbox_core::relay::{OutboxMessage, RelayHealth, RelayIdInUse, StoreError};
 
 use super::base::{Base, Connector};
 use super::common::Statement;
-use super::common::{ClaimedColumns, Malformed};
+use super::common::{ClaimedColumns, CreatedAt, Malformed};
 
 use sql::{ASYNC_COMMIT_SQL, CLEANUP, SESSION_SQL};
 
@@ -38,7 +37,7 @@ struct Row {
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     id: uuid::Uuid,
     #[diesel(sql_type = Timestamptz)]
-    created_at: DateTime<Utc>,
+    created_at: CreatedAt,
 }
 
 impl Row {

@@ -95,7 +95,7 @@ use diesel_async::RunQueryDsl;
 use outbox_core::relay::{OutboxMessage, StoreError};
 
 use super::PgRelayStore;
-use crate::relay::common::{ClaimedColumns, CountRow, Prepared};
+use crate::relay::common::{ClaimedColumns, CountRow, CreatedAt, Prepared};
 
 /// How often a relay looks for aggregates to release (dead letters retried or purged by the
 /// operator): at most this often while none are found, at every claim while some are.
@@ -428,7 +428,7 @@ struct CandidateRow {
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     id: uuid::Uuid,
     #[diesel(sql_type = diesel::sql_types::Timestamptz)]
-    created_at: chrono::DateTime<chrono::Utc>,
+    created_at: CreatedAt,
     #[diesel(sql_type = SmallInt)]
     stream_shard: i16,
     #[diesel(sql_type = BigInt)]
@@ -537,6 +537,10 @@ pub(super) struct StreamState {
     last_xmin: Option<i64>,
     /// Not before then, look for aggregates to release (`None`: at the next claim).
     next_release_check: Option<Instant>,
+    /// The aggregates of malformed rows read since the last read from the table's positions,
+    /// with the first such row: their later rows are parked behind it while its dead letter
+    /// is not yet written (a read beside the publish; after that `CANDIDATES` parks them).
+    malformed: HashMap<(String, String), i64>,
 }
 
 impl StreamState {
@@ -873,6 +877,7 @@ impl PgRelayStore {
     ) -> Result<Option<(Ahead, bool)>, StoreError> {
         if given.is_none() {
             self.flush_owed(relay).await?;
+            self.stream.malformed.clear();
         }
         let given = given.unwrap_or_default();
         let g_shards: Vec<i16> = given.iter().map(|(p, _)| p.shard).collect();
@@ -968,20 +973,36 @@ impl PgRelayStore {
                 Err(Outcome::Parked(behind))
             } else {
                 match c.columns.into_message(Ok(c.id), c.created_at) {
-                    Ok(mut m) => {
-                        m.attempts += self.stream.attempts.get(&m.seq).copied().unwrap_or(0) + 1;
-                        Ok(m)
+                    Ok(m) if dead_letters_block => {
+                        match self
+                            .stream
+                            .malformed
+                            .get(&(m.aggregate_type.clone(), m.aggregate_id.clone()))
+                        {
+                            Some(behind) => Err(Outcome::Parked(*behind)),
+                            None => Ok(m),
+                        }
                     }
+                    Ok(m) => Ok(m),
                     Err(bad) => {
-                        // The table's checks refuse such rows; one from before them is a dead
+                        // A row that does not decode (the table's checks refuse most such
+                        // rows; one from before them, or a time out of range) is a dead
                         // letter at once, as in the lease modes.
                         tracing::error!(
                             seq, error = %bad.failure.error,
                             "stream: malformed event dead-lettered"
                         );
+                        self.stream
+                            .malformed
+                            .entry(bad.key().clone())
+                            .or_insert(seq);
                         Err(Outcome::Malformed(bad.failure.error))
                     }
                 }
+                .map(|mut m| {
+                    m.attempts += self.stream.attempts.get(&m.seq).copied().unwrap_or(0) + 1;
+                    m
+                })
             };
             rows.push_back(AheadRow { seq, shard, row });
         }
