@@ -1210,3 +1210,80 @@ pub(crate) fn aggregates_left(conn: &mut PgConnection) -> Vec<(String, i64)> {
     .map(|l| (l.agg, l.n))
     .collect()
 }
+
+/// An operator's replay and retry after a switch from `sharded` to `stream` (as the README
+/// allows): 20 events published by a sharded relay, 20 more by a stream relay; `replay` of
+/// everything makes the stream relay publish all 40 again (the stream never reads a row its
+/// positions passed, so they go through its release, in order per aggregate); a dead row
+/// the positions passed, retried, is published again too. Nothing is left in the dead
+/// letters, and each aggregate sees its events in order, then the replays in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_and_retry_after_switching_to_stream_publish_again() {
+    use diesel_async::AsyncConnection;
+    use outbox::relay::admin::{Admin, Filter};
+
+    let db = Postgres::database("stream_replay");
+    let broker = Arc::new(MemoryBroker::new());
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    let aggs = ["a", "b", "c", "d"];
+    for n in 1..=5 {
+        for a in aggs {
+            insert(&mut conn, a, n);
+        }
+    }
+    let sharded = RelayConfig {
+        mode: Mode::Sharded,
+        ..stream_config()
+    };
+    let (stop, handle, _) = start_with(&db, &broker, sharded);
+    assert!(wait_for(15, || delivered(&broker).len() >= 20).await);
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    for n in 6..=10 {
+        for a in aggs {
+            insert(&mut conn, a, n);
+        }
+    }
+    let (stop, handle, _) = start_with(&db, &broker, stream_config());
+    assert!(wait_for(15, || delivered(&broker).len() >= 40).await);
+
+    let mut admin = Admin::new(
+        diesel_async::AsyncPgConnection::establish(&db.url)
+            .await
+            .unwrap(),
+    );
+    let replayed = admin.replay(&Filter::default(), 7, |_| {}).await.unwrap();
+    assert_eq!(replayed, 40, "every published event, the stream's too");
+    assert!(
+        wait_for(15, || delivered(&broker).len() >= 80).await,
+        "{} delivered",
+        delivered(&broker).len()
+    );
+    let records = delivered(&broker);
+    for a in aggs {
+        let twice: Vec<i64> = (1..=10).chain(1..=10).collect();
+        assert_eq!(numbers_of(&records, a), twice, "{a}");
+    }
+    assert_eq!(admin.count(&Filter::default(), true).await.unwrap(), 0);
+
+    // A dead row the positions passed (a lease mode's dead letter the stream skipped).
+    exec(
+        &mut conn,
+        "UPDATE outbox_events SET dead_at = now(), last_error = 'refused' \
+         WHERE aggregate_id = 'c' AND payload->>'n' = '10'",
+    );
+    assert_eq!(admin.count(&Filter::default(), true).await.unwrap(), 1);
+    assert_eq!(admin.retry_dead(&Filter::default()).await.unwrap(), 1);
+    assert!(wait_for(15, || delivered(&broker).len() >= 81).await);
+    assert_eq!(numbers_of(&delivered(&broker), "c").last(), Some(&10));
+    assert!(
+        wait_for(5, || Postgres::count(
+            &db,
+            "SELECT COUNT(*) AS n FROM outbox_stream_dead_letters"
+        ) == 0)
+        .await
+    );
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(delivered(&broker).len(), 81, "nothing else");
+}

@@ -89,7 +89,55 @@ pub(crate) struct StreamDeadStatements {
     /// Deletes the stream dead letters (never a parked row: the stream relay then releases
     /// their aggregates' parked events). Runs after `PURGE`, in its transaction.
     pub purge: &'static str,
+    /// Retries the lease modes' dead rows that a stream position has passed (a stream relay
+    /// would never read them again): copies them into `outbox_stream_dead_letters`,
+    /// retry-requested, and clears their `dead_at`, so the stream relay holding their shard
+    /// releases them in order. Runs before `RETRY` (which then finds the rest), in its
+    /// transaction; binds the filter.
+    pub retry_passed: &'static str,
+    /// `REPLAY_BOUND` over what stream mode published too: rows a position passed that are
+    /// not dead (`published_at` stays NULL in stream mode) and are not in
+    /// `outbox_stream_dead_letters`.
+    pub replay_bound: &'static str,
+    /// `REPLAY` that republishes through the relay that will see each row: a row a stream
+    /// position passed is copied into `outbox_stream_dead_letters`, retry-requested (the
+    /// stream relay releases it, in order per aggregate, parking the aggregate's newer events
+    /// behind it); any other is made pending again, as `REPLAY` does. Returns the count as
+    /// `n`.
+    pub replay: &'static str,
 }
+
+/// Whether a stream position passed the row of `outbox_events` in scope (PostgreSQL): its
+/// shard's last snapshot shows it, or the delta being consumed does up to the cursor. No
+/// position has passed anything until a stream relay has run.
+#[cfg(feature = "postgres_backend")]
+macro_rules! passed {
+    () => {
+        "EXISTS (SELECT 1 FROM outbox_stream_positions p \
+         WHERE p.shard = outbox_events.shard \
+           AND (pg_visible_in_snapshot(outbox_events.xid, p.last_snapshot) \
+                OR (p.cur_snapshot IS NOT NULL AND outbox_events.seq <= p.cur_seq \
+                    AND pg_visible_in_snapshot(outbox_events.xid, p.cur_snapshot))))"
+    };
+}
+#[cfg(feature = "postgres_backend")]
+pub(crate) use passed;
+
+/// The columns `outbox_stream_dead_letters` copies from `outbox_events`, for the copies a
+/// retry or a replay in stream mode makes (their `attempts`, `last_error` and
+/// `retry_requested_at` follow).
+#[cfg(feature = "postgres_backend")]
+macro_rules! stream_copy {
+    () => {
+        "INSERT INTO outbox_stream_dead_letters (seq, id, aggregate_type, aggregate_id, \
+         event_type, event_version, payload, headers, topic, shard, created_at, attempts, \
+         last_error, retry_requested_at) \
+         SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version, \
+         o.payload, o.headers, o.topic, o.shard, o.created_at, 0, "
+    };
+}
+#[cfg(feature = "postgres_backend")]
+pub(crate) use stream_copy;
 
 /// Defines the admin statements whose text is the same on every backend but for the filter
 /// and the text of a time column (the backend's `filter!()` and `time!(column)`, expanded
@@ -144,7 +192,8 @@ macro_rules! filtered_statements {
         int: $int:literal,
         retry_now: $retry_now:literal,
         after: $after:literal,
-        limit: $limit:literal
+        limit: $limit:literal,
+        last: $last:literal
     ) => {
         Some($crate::relay::admin::backend::StreamDeadStatements {
             list: concat!(
@@ -187,6 +236,61 @@ macro_rules! filtered_statements {
             purge: concat!(
                 "DELETE FROM outbox_stream_dead_letters WHERE parked_behind IS NULL",
                 filter!()
+            ),
+            retry_passed: concat!(
+                "WITH sel AS MATERIALIZED (SELECT seq FROM outbox_events \
+                 WHERE dead_at IS NOT NULL AND published_at IS NULL AND ",
+                $crate::relay::admin::backend::passed!(),
+                " AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
+                 WHERE d.seq = outbox_events.seq)",
+                filter!(),
+                "), copied AS (",
+                $crate::relay::admin::backend::stream_copy!(),
+                "o.last_error, ",
+                $retry_now,
+                " FROM outbox_events o JOIN sel s ON s.seq = o.seq \
+                 ON CONFLICT DO NOTHING RETURNING seq) \
+                 UPDATE outbox_events SET dead_at = NULL, locked_by = NULL, locked_until = NULL \
+                 WHERE seq IN (SELECT seq FROM copied)"
+            ),
+            replay_bound: concat!(
+                "SELECT MAX(seq) AS last FROM (SELECT seq FROM outbox_events \
+                 WHERE (published_at IS NOT NULL OR (dead_at IS NULL AND ",
+                $crate::relay::admin::backend::passed!(),
+                ")) AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
+                 WHERE d.seq = outbox_events.seq)",
+                filter!(),
+                " AND seq > ",
+                $after,
+                " ORDER BY seq LIMIT ",
+                $limit,
+                ") s"
+            ),
+            replay: concat!(
+                "WITH sel AS MATERIALIZED (SELECT seq, ",
+                $crate::relay::admin::backend::passed!(),
+                " AS passed FROM outbox_events \
+                 WHERE (published_at IS NOT NULL OR (dead_at IS NULL AND ",
+                $crate::relay::admin::backend::passed!(),
+                ")) AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
+                 WHERE d.seq = outbox_events.seq)",
+                filter!(),
+                " AND seq > ",
+                $after,
+                " AND seq <= ",
+                $last,
+                "), copied AS (",
+                $crate::relay::admin::backend::stream_copy!(),
+                "'replayed', ",
+                $retry_now,
+                " FROM outbox_events o JOIN sel s ON s.seq = o.seq WHERE s.passed \
+                 ON CONFLICT DO NOTHING RETURNING seq), \
+                 reset AS (UPDATE outbox_events SET published_at = NULL, attempts = 0, \
+                 available_at = ",
+                $retry_now,
+                ", locked_by = NULL, locked_until = NULL, last_error = NULL \
+                 WHERE seq IN (SELECT seq FROM sel WHERE NOT passed) RETURNING seq) \
+                 SELECT (SELECT COUNT(*) FROM copied) + (SELECT COUNT(*) FROM reset) AS n"
             ),
         })
     };
@@ -243,7 +347,8 @@ macro_rules! filtered_statements {
                 int: $int,
                 retry_now: $retry_now,
                 after: $after,
-                limit: $limit
+                limit: $limit,
+                last: $last
             );
         const COUNT_PUBLISHED: &str = concat!(
             "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NOT NULL",
@@ -396,11 +501,12 @@ macro_rules! admin_connection {
                     return db("retry dead letters", q.execute(self).await).map(|n| n as u64);
                 };
                 // Both kinds in one transaction: a retry is all or nothing.
-                let (now, stream_retry) = (&now, stream.retry);
+                let (now, stream_retry, retry_passed) = (&now, stream.retry, stream.retry_passed);
                 let n = diesel_async::AsyncConnection::transaction(self, async |conn| {
+                    let passed = stamp(bind(retry_passed, filter), now).execute(conn).await?;
                     let lease = stamp(bind(RETRY, filter), now).execute(conn).await?;
                     let stream = stamp(bind(stream_retry, filter), now).execute(conn).await?;
-                    Ok::<_, diesel::result::Error>(lease + stream)
+                    Ok::<_, diesel::result::Error>(passed + lease + stream)
                 })
                 .await;
                 db("retry dead letters", n).map(|n| n as u64)
@@ -428,7 +534,8 @@ macro_rules! admin_connection {
                 after: i64,
                 limit: i64,
             ) -> Result<Option<i64>, AdminError> {
-                let q = bind(REPLAY_BOUND, filter)
+                let sql = STREAM_DEAD.as_ref().map_or(REPLAY_BOUND, |s| s.replay_bound);
+                let q = bind(sql, filter)
                     .bind::<BigInt, _>(after)
                     .bind::<BigInt, _>(limit);
                 let row: BoundRow = db("select events to replay", q.get_result(self).await)?;
@@ -441,11 +548,16 @@ macro_rules! admin_connection {
                 after: i64,
                 last: i64,
             ) -> Result<u64, AdminError> {
-                let q = bind(REPLAY, filter)
+                let sql = STREAM_DEAD.as_ref().map_or(REPLAY, |s| s.replay);
+                let q = bind(sql, filter)
                     .bind::<BigInt, _>(after)
                     .bind::<BigInt, _>(last);
                 let q = stamp(q, &clock());
-                db("replay events", q.execute(self).await).map(|n| n as u64)
+                if STREAM_DEAD.is_none() {
+                    return db("replay events", q.execute(self).await).map(|n| n as u64);
+                }
+                let row: NRow = db("replay events", q.get_result(self).await)?;
+                Ok(row.n as u64)
             }
 
             async fn admin_rotate(
