@@ -76,6 +76,9 @@ enum Command {
     /// PostgreSQL, stream mode: turn the event table into a ring of partitions that
     /// retention empties with TRUNCATE (no DELETE, no dead tuples, no VACUUM).
     Partition(ops::PartitionArgs),
+    /// PostgreSQL: switch the table from stream mode to a lease mode (mark what the stream
+    /// relays published, give their dead letters back). Run with the stream relays stopped.
+    StreamHandover(ops::HandoverArgs),
 }
 
 #[derive(clap::Args)]
@@ -418,6 +421,9 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
             .to_string(),
         ));
     }
+    if config.mode != Mode::Stream && matches!(backend, Backend::Postgres) {
+        ops::refuse_after_stream(&url).await?;
+    }
     match backend {
         Backend::Postgres => {
             // The store keeps its statement timeout below a third of the relay's lease.
@@ -521,6 +527,7 @@ fn main() -> ExitCode {
             Command::Replay(args) => ops::replay(args).await,
             Command::Cleanup(args) => ops::cleanup(args).await,
             Command::Partition(args) => ops::partition(args).await,
+            Command::StreamHandover(args) => ops::stream_handover(args).await,
         }
     });
     match result {

@@ -1287,3 +1287,91 @@ async fn replay_and_retry_after_switching_to_stream_publish_again() {
     handle.await.unwrap();
     assert_eq!(delivered(&broker).len(), 81, "nothing else");
 }
+
+/// A switch from `stream` back to a lease mode: a lease-mode claim is refused while the stream
+/// left rows behind (what it published unmarked, its dead letters and parked events), naming
+/// the command that hands the table over; after the handover a sharded relay publishes
+/// nothing twice, keeps the stream's dead letter dead with its parked events behind it, and
+/// publishes them in order once it is retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_from_stream_to_a_lease_mode_is_refused_until_handed_over() {
+    use diesel_async::AsyncConnection;
+    use outbox::relay::admin::{Admin, Filter};
+
+    let db = Postgres::database("stream_handover");
+    let broker = Arc::new(MemoryBroker::new());
+    let poison_x3 = Arc::new(AtomicBool::new(true));
+    {
+        let poison_x3 = poison_x3.clone();
+        broker.fail_when(move |m| {
+            let x3 = m.aggregate_id == "x" && m.payload.contains("\"n\": 3");
+            (x3 && poison_x3.load(Ordering::SeqCst)).then(|| "refused".to_owned())
+        });
+    }
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    for n in 1..=5 {
+        insert(&mut conn, "x", n);
+    }
+    for n in 1..=3 {
+        insert(&mut conn, &format!("y{n}"), 1);
+    }
+    let (stop, handle, _) = start_with(&db, &broker, dead_letter_config(100));
+    assert!(
+        wait_for(15, || stream_dead_letters(&db).len() == 3
+            && delivered(&broker).len() >= 5)
+        .await
+    );
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    insert(&mut conn, "x", 6);
+    insert(&mut conn, "z", 1);
+
+    let sharded = RelayConfig {
+        mode: Mode::Sharded,
+        ..dead_letter_config(100)
+    };
+    let mut store = PgRelayStore::new(&db.url);
+    store.rebalance_shards("r", Duration::from_secs(5)).await.unwrap();
+    let claim = Claim {
+        relay: "r",
+        limit: 100,
+        lease: Duration::from_secs(5),
+        look_ahead: None,
+        settling: &[],
+        order: ClaimOrder::Ordered {
+            owned_shards_only: true,
+            leader_only: false,
+            dead_letters_block: true,
+        },
+    };
+    let err = store.claim(&claim).await.unwrap_err();
+    let left = std::error::Error::source(&err)
+        .and_then(|e| e.downcast_ref::<StreamLeftBehind>())
+        .unwrap_or_else(|| panic!("a StreamLeftBehind: {err}"));
+    assert!(left.unmarked && left.stream_dead_letters == 3, "{left:?}");
+    assert!(err.to_string().contains("outbox stream-handover --yes"), "{err}");
+
+    let mut admin = Admin::new(
+        diesel_async::AsyncPgConnection::establish(&db.url)
+            .await
+            .unwrap(),
+    );
+    let done = admin.hand_over_from_stream().await.unwrap();
+    assert_eq!((done.marked, done.restored), (5, 3), "{done:?}");
+    assert_eq!(admin.stream_left_behind().await.unwrap(), None);
+    assert_eq!(admin.count(&Filter::default(), true).await.unwrap(), 1, "x3");
+    assert!(store.claim(&claim).await.is_ok(), "handed over");
+    store.release_all("r").await.unwrap();
+
+    poison_x3.store(false, Ordering::SeqCst);
+    let (stop, handle, _) = start_with(&db, &broker, sharded);
+    assert!(wait_for(15, || numbers_of(&delivered(&broker), "z") == [1]).await);
+    assert_eq!(numbers_of(&delivered(&broker), "x"), [1, 2], "behind x3");
+    assert_eq!(admin.retry_dead(&Filter::default()).await.unwrap(), 1);
+    assert!(wait_for(15, || numbers_of(&delivered(&broker), "x").len() >= 6).await);
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    let records = delivered(&broker);
+    assert_eq!(numbers_of(&records, "x"), (1..=6).collect::<Vec<_>>());
+    assert_eq!(records.len(), 10, "nothing twice: {records:?}");
+}

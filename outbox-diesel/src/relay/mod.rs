@@ -30,6 +30,9 @@ pub use mysql::MysqlRelayStore;
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use pg::PgRelayStore;
+#[cfg(feature = "postgres_backend")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use pg::handover::{Handover, StreamLeftBehind};
 /// How many rows a stream-mode claim reads at least by default
 /// ([`PgRelayStore::stream_read_ahead`]).
 #[cfg(feature = "postgres_backend")]

@@ -172,6 +172,16 @@ pub struct PartitionArgs {
     yes: bool,
 }
 
+/// `outbox stream-handover`.
+#[derive(clap::Args)]
+pub struct HandoverArgs {
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// Do it (without: print what would be done and exit 2).
+    #[arg(long)]
+    yes: bool,
+}
+
 /// Runs `$body` with `$admin` bound to an [`Admin`] on the URL's backend.
 macro_rules! with_admin {
     ($url:expr, |$admin:ident| $body:expr) => {{
@@ -470,6 +480,65 @@ pub async fn partition(args: PartitionArgs) -> Result<ExitCode, Fatal> {
         args.slots, args.slot_xids
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// An admin connection to a PostgreSQL database, for the stream mode commands (`what`
+/// names the command in the refusal of another backend).
+async fn pg_admin(
+    database_url: &str,
+    what: &str,
+) -> Result<Admin<diesel_async::AsyncPgConnection>, Fatal> {
+    check_migrated(database_url).await?;
+    let (backend, url) = backend_of(database_url)?;
+    if !matches!(backend, Backend::Postgres) {
+        return Err(Fatal(format!(
+            "outbox {what}: stream mode is PostgreSQL only; {} is not",
+            describe(&url)
+        )));
+    }
+    let c = diesel_async::AsyncPgConnection::establish(&url)
+        .await
+        .map_err(|e| Fatal(format!("cannot connect to {}: {e}", describe(&url))))?;
+    Ok(Admin::new(c))
+}
+
+/// `outbox stream-handover`.
+pub async fn stream_handover(args: HandoverArgs) -> Result<ExitCode, Fatal> {
+    let mut admin = pg_admin(&args.database_url, "stream-handover").await?;
+    let Some(left) = admin.stream_left_behind().await? else {
+        println!("stream mode left nothing behind: relays in any mode may run");
+        return Ok(ExitCode::SUCCESS);
+    };
+    if !args.yes {
+        return Ok(not_confirmed(format!(
+            "would mark published the events the stream relays published{}, and give {} \
+             events of their dead letters back to the lease modes (dead letters stay dead, \
+             parked events become pending); stop the stream relays first",
+            if left.unmarked { "" } else { " (none)" },
+            left.stream_dead_letters
+        )));
+    }
+    let done = admin.hand_over_from_stream().await?;
+    println!(
+        "handed over from stream mode: {} events marked published, {} given back from its \
+         dead letters; relays in a lease mode may run",
+        done.marked, done.restored
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses to start a relay in a lease mode on a PostgreSQL table that stream mode left rows
+/// in (it would publish them again or never release them). The store refuses its claims
+/// too; this says so before anything starts. A database that cannot be asked now (down, not
+/// migrated yet) is left to the relay, which waits for it and asks again.
+pub async fn refuse_after_stream(url: &str) -> Result<(), Fatal> {
+    let Ok(c) = diesel_async::AsyncPgConnection::establish(url).await else {
+        return Ok(());
+    };
+    match Admin::new(c).stream_left_behind().await {
+        Ok(Some(left)) => Err(Fatal(format!("outbox relay: {left}"))),
+        Ok(None) | Err(_) => Ok(()),
+    }
 }
 
 /// `outbox cleanup`.

@@ -107,22 +107,6 @@ pub(crate) struct StreamDeadStatements {
     pub replay: &'static str,
 }
 
-/// Whether a stream position passed the row of `outbox_events` in scope (PostgreSQL): its
-/// shard's last snapshot shows it, or the delta being consumed does up to the cursor. No
-/// position has passed anything until a stream relay has run.
-#[cfg(feature = "postgres_backend")]
-macro_rules! passed {
-    () => {
-        "EXISTS (SELECT 1 FROM outbox_stream_positions p \
-         WHERE p.shard = outbox_events.shard \
-           AND (pg_visible_in_snapshot(outbox_events.xid, p.last_snapshot) \
-                OR (p.cur_snapshot IS NOT NULL AND outbox_events.seq <= p.cur_seq \
-                    AND pg_visible_in_snapshot(outbox_events.xid, p.cur_snapshot))))"
-    };
-}
-#[cfg(feature = "postgres_backend")]
-pub(crate) use passed;
-
 /// The columns `outbox_stream_dead_letters` copies from `outbox_events`, for the copies a
 /// retry or a replay in stream mode makes (their `attempts`, `last_error` and
 /// `retry_requested_at` follow).
@@ -240,7 +224,7 @@ macro_rules! filtered_statements {
             retry_passed: concat!(
                 "WITH sel AS MATERIALIZED (SELECT seq FROM outbox_events \
                  WHERE dead_at IS NOT NULL AND published_at IS NULL AND ",
-                $crate::relay::admin::backend::passed!(),
+                $crate::relay::pg::handover::passed!(),
                 " AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
                  WHERE d.seq = outbox_events.seq)",
                 filter!(),
@@ -256,7 +240,7 @@ macro_rules! filtered_statements {
             replay_bound: concat!(
                 "SELECT MAX(seq) AS last FROM (SELECT seq FROM outbox_events \
                  WHERE (published_at IS NOT NULL OR (dead_at IS NULL AND ",
-                $crate::relay::admin::backend::passed!(),
+                $crate::relay::pg::handover::passed!(),
                 ")) AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
                  WHERE d.seq = outbox_events.seq)",
                 filter!(),
@@ -268,10 +252,10 @@ macro_rules! filtered_statements {
             ),
             replay: concat!(
                 "WITH sel AS MATERIALIZED (SELECT seq, ",
-                $crate::relay::admin::backend::passed!(),
+                $crate::relay::pg::handover::passed!(),
                 " AS passed FROM outbox_events \
                  WHERE (published_at IS NOT NULL OR (dead_at IS NULL AND ",
-                $crate::relay::admin::backend::passed!(),
+                $crate::relay::pg::handover::passed!(),
                 ")) AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
                  WHERE d.seq = outbox_events.seq)",
                 filter!(),

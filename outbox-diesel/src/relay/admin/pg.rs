@@ -163,6 +163,44 @@ async fn rotate(
 admin_connection!(AsyncPgConnection);
 
 impl super::Admin<AsyncPgConnection> {
+    /// What stream mode left in the table that a relay in a lease mode would mishandle, if
+    /// anything: events it published without marking them, and its dead letters and parked
+    /// events (see [`hand_over_from_stream`](Self::hand_over_from_stream)). A lease-mode
+    /// relay refuses to claim while there is any.
+    pub async fn stream_left_behind(
+        &mut self,
+    ) -> Result<Option<crate::relay::StreamLeftBehind>, AdminError> {
+        db(
+            "look for what stream mode left",
+            crate::relay::pg::handover::left_behind(&mut self.conn).await,
+        )
+    }
+
+    /// Hands the table over from `stream` to a lease mode, in one transaction: the events
+    /// the stream relays published (behind their positions, unmarked) are marked published,
+    /// their dead letters become dead rows again (attempts and error kept), and the events
+    /// parked behind them or whose retry was asked for become pending, each with its `seq`
+    /// (written back if retention deleted its row), so the lease relays keep every
+    /// aggregate's order. Run it with the stream relays stopped.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), outbox_diesel::relay::admin::AdminError> {
+    /// use diesel_async::{AsyncConnection, AsyncPgConnection};
+    /// use outbox_diesel::relay::admin::Admin;
+    /// let conn = AsyncPgConnection::establish("postgres://postgres@127.0.0.1/app").await?;
+    /// let done = Admin::new(conn).hand_over_from_stream().await?;
+    /// println!("{} marked published, {} given back", done.marked, done.restored);
+    /// # Ok(()) }
+    /// ```
+    pub async fn hand_over_from_stream(
+        &mut self,
+    ) -> Result<crate::relay::Handover, AdminError> {
+        db(
+            "hand the table over from stream mode",
+            crate::relay::pg::handover::hand_over(&mut self.conn).await,
+        )
+    }
+
     /// Converts `outbox_events` into a ring of `slots` partitions of `slot_xids` transaction
     /// ids each, so that stream mode's retention empties whole partitions with `TRUNCATE`
     /// instead of deleting rows (no dead tuples, no `VACUUM`): see

@@ -1,6 +1,7 @@
 //! The PostgreSQL relay store: its statements in `sql`, its `RelayStore` methods in `store`,
 //! relay sessions in `sessions`.
 
+pub(crate) mod handover;
 pub(crate) mod partition;
 pub(super) mod sessions;
 pub(super) mod sql;
@@ -129,6 +130,9 @@ pub struct PgRelayStore {
     /// Whether the relay settles on a connection of its own ([`PgRelayStore::settle_beside`]).
     settle_beside: bool,
     stream: stream::StreamState,
+    /// Whether a lease-mode claim found the table free of what stream mode leaves behind
+    /// (see [`handover`]); looked for until it is.
+    handed_over: bool,
 }
 
 impl PgRelayStore {
@@ -146,6 +150,7 @@ impl PgRelayStore {
             listen: true,
             settle_beside: true,
             stream: stream::StreamState::new(),
+            handed_over: false,
         }
     }
 

@@ -40,6 +40,14 @@ impl RelayStore for PgRelayStore {
                 .await;
         }
         let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX);
+        if !self.handed_over {
+            let conn = self.base.guarded("claim", claim.lease).await?;
+            let left = super::handover::left_behind(conn).await;
+            if let Some(left) = self.base.check("claim", left)? {
+                return Err(StoreError::new("claim", left));
+            }
+            self.handed_over = true;
+        }
         let conn = self.base.guarded("claim", claim.lease).await?;
         let r = match claim.order {
             ClaimOrder::Unordered => {
