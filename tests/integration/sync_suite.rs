@@ -439,7 +439,7 @@ pub fn headers_and_large_batches<C: SyncConn>(db: TestDatabase) {
             e.headers_json(),
             serde_json::json!({"correlation-id": "c-1", "n": i.to_string()})
         );
-        assert_eq!(e.payload_json()["Paid"]["amount"], i as i64);
+        assert_eq!(e.payload_json()["amount"], i as i64);
     }
     // No events: the transaction commits its rows and writes nothing to the outbox.
     conn.transaction_with_outbox(|tx| tx.conn().insert_order(1, 1).map(|_| ()))

@@ -84,6 +84,17 @@ const REINSERT: &str = concat!(
     ", d.last_error FROM outbox_stream_dead_letters d"
 );
 
+/// Whether the stream's tables are there (a database whose migrations were partly reverted,
+/// as some tests do, has none and so nothing stream mode left).
+const STREAM_TABLES: &str = "SELECT to_regclass('outbox_stream_dead_letters') IS NOT NULL \
+     AND to_regclass('outbox_stream_positions') IS NOT NULL AS present";
+
+#[derive(QueryableByName)]
+struct PresentRow {
+    #[diesel(sql_type = Bool)]
+    present: bool,
+}
+
 #[derive(QueryableByName)]
 struct LeftBehindRow {
     #[diesel(sql_type = BigInt)]
@@ -132,6 +143,10 @@ impl std::error::Error for StreamLeftBehind {}
 pub(crate) async fn left_behind(
     conn: &mut AsyncPgConnection,
 ) -> diesel::QueryResult<Option<StreamLeftBehind>> {
+    let tables: PresentRow = diesel::sql_query(STREAM_TABLES).get_result(conn).await?;
+    if !tables.present {
+        return Ok(None);
+    }
     let row: LeftBehindRow = diesel::sql_query(LEFT_BEHIND).get_result(conn).await?;
     Ok((row.unmarked || row.copies > 0).then_some(StreamLeftBehind {
         stream_dead_letters: row.copies,
