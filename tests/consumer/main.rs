@@ -13,6 +13,7 @@
 mod support;
 
 mod conns;
+mod fault_classes;
 mod idempotent_suite;
 mod inbox_suite;
 #[cfg(all(feature = "kafka", feature = "postgres", feature = "deadpool"))]
