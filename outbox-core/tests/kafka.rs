@@ -86,6 +86,7 @@ on_both_brokers!(
     ten_thousand_messages_over_100_keys_arrive_complete_and_in_key_order,
     a_too_large_message_fails_and_holds_back_its_key_only,
     a_message_the_broker_rejects_lets_no_later_one_of_its_key_through,
+    a_topic_the_broker_refuses_whole_is_an_outage_naming_the_topic_and_code,
 );
 
 impl Broker {
@@ -530,6 +531,38 @@ async fn a_message_the_broker_rejects_lets_no_later_one_of_its_key_through(broke
         "{}: key a on the broker is not what was reported",
         broker.name
     );
+}
+
+/// A topic the broker refuses for every record (here a name no broker accepts, as a router or
+/// an event type could produce; an ACL or a missing topic with auto-creation off answer the
+/// same way): an outage of that topic, never the record's fault, with a reason that names the
+/// topic and librdkafka's code. Another topic's message in the same publish is delivered.
+async fn a_topic_the_broker_refuses_whole_is_an_outage_naming_the_topic_and_code(broker: Broker) {
+    let good = broker.topic("refused-beside").await;
+    let bad = format!("outbox refused {}!", Uuid::now_v7().simple());
+    let publisher = KafkaPublisher::builder()
+        .brokers(&broker.bootstrap)
+        .set("message.timeout.ms", "10000")
+        .build()
+        .unwrap();
+    let mut refused = message(0, "a", r#""a0""#.into());
+    refused.topic = Some(bad.clone());
+    let mut beside = message(1, "b", r#""b0""#.into());
+    beside.topic = Some(good.clone());
+    let outcomes = publisher.publish(&[refused, beside]).await;
+    eprintln!("{}: {outcomes:?}", broker.name);
+    let Delivery::Unavailable(reason) = &outcomes[0] else {
+        panic!(
+            "{}: a topic refused whole is an outage, not {:?}",
+            broker.name, outcomes[0]
+        );
+    };
+    assert!(
+        reason.contains(&format!("topic `{bad}` refuses every record (")),
+        "{}: the reason names the topic and the code: {reason}",
+        broker.name
+    );
+    assert_eq!(outcomes[1], Delivery::Published, "{}", broker.name);
 }
 
 // ---------------------------------------------------------------------------------------------
