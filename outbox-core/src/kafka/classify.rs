@@ -24,9 +24,11 @@
 //! | `UNSUPPORTED_COMPRESSION_TYPE` | the producer's `compression.type` against the topic's configuration |
 //!
 //! Their reason names the topic and the code, and every failed delivery is counted in
-//! `outbox_relay_publish_errors_total{topic, code, class}` ([`failed`]). While one topic is
-//! refused the whole relay waits with the outage backoff between batches (at most
-//! `outage_backoff.max`); the other topics' events of each batch are delivered meanwhile.
+//! `outbox_relay_publish_errors_total{topic, code, class}` ([`failed`]). The relay has no
+//! per-topic pause: while one topic is refused it waits with the outage backoff after each
+//! batch that met the refusal (at most `outage_backoff.max`). Other topics' events claimed in
+//! the same batches are delivered, but a refused topic with a batch's worth of pending events
+//! fills every claim and holds the rest back until it is fixed, as a broker outage would.
 //!
 //! The idempotent producer retries every retriable error itself until `message.timeout.ms`,
 //! and then reports the message timed out; so a code other than a timeout reaches us only
