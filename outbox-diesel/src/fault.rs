@@ -12,11 +12,13 @@
 //! | `DatabaseError` of another kind whose server message is one of [the outage messages](#the-outage-messages) | transient |
 //! | `BrokenTransactionManager` (the connection failed mid-transaction) | transient |
 //! | `diesel::ConnectionError`, every variant: the database cannot be reached (or not as configured); no message is at fault | transient |
-//! | r2d2's `diesel::r2d2::PoolError` (its timeout), `diesel::r2d2::Error` | transient (its query error as above) |
-//! | diesel-async's deadpool `PoolError` (timeout, closed, backend), bb8 `RunError` (timeout, backend) and `pooled_connection::PoolError` | transient (a query error as above; a post-create hook's error is left to its own chain) |
+//! | r2d2's `diesel::r2d2::PoolError` (its timeout) and its manager's `diesel::r2d2::Error` | transient |
+//! | diesel-async's deadpool `PoolError` (timeout, closed, backend), bb8 `RunError` (timeout, backend) and `pooled_connection::PoolError` | transient (a post-create hook's error is the user's: left to its own chain) |
 //! | anything else (`NotFound`, constraint violations, invalid input, deserialization, ...) | not decided here: permanent unless another link of the chain says otherwise |
 //!
-//! The pools are recognised whenever the connections they hold can exist: diesel-async's with
+//! An error of a pool or of its connection manager comes from getting, making or checking a
+//! connection, which involves no message: whatever it wraps, it is transient. The pools are
+//! recognised whenever the connections they hold can exist: diesel-async's with
 //! the `async` feature (which always builds diesel-async's `deadpool` and `bb8` support for
 //! this), r2d2's with `r2d2` or `kafka` on the `outbox` crate (the consumer runtime needs it).
 //!
@@ -231,11 +233,9 @@ pub fn classify(e: &(dyn Error + 'static)) -> Option<ErrorClass> {
         if e.is::<diesel::r2d2::PoolError>() {
             return Some(ErrorClass::Transient);
         }
-        if let Some(e) = e.downcast_ref::<diesel::r2d2::Error>() {
-            return match e {
-                diesel::r2d2::Error::ConnectionError(_) => Some(ErrorClass::Transient),
-                diesel::r2d2::Error::QueryError(e) => query_error_class(e),
-            };
+        // The manager's: connecting, or the ping that checks a connection.
+        if e.is::<diesel::r2d2::Error>() {
+            return Some(ErrorClass::Transient);
         }
     }
     #[cfg(feature = "async")]
@@ -251,28 +251,12 @@ fn async_pool_class(e: &(dyn Error + 'static)) -> Option<Option<ErrorClass>> {
     use diesel_async::pooled_connection::{PoolError, bb8, deadpool};
     if let Some(e) = e.downcast_ref::<deadpool::PoolError>() {
         return Some(match e {
-            deadpool::PoolError::Backend(e) => pool_error_class(e),
             // Post-create hooks are the user's: let their error decide.
             deadpool::PoolError::PostCreateHook(_) => None,
             _ => Some(ErrorClass::Transient),
         });
     }
-    if let Some(e) = e.downcast_ref::<bb8::RunError>() {
-        return Some(match e {
-            bb8::RunError::User(e) => pool_error_class(e),
-            bb8::RunError::TimedOut => Some(ErrorClass::Transient),
-        });
-    }
-    e.downcast_ref::<PoolError>().map(pool_error_class)
-}
-
-#[cfg(feature = "async")]
-fn pool_error_class(e: &diesel_async::pooled_connection::PoolError) -> Option<ErrorClass> {
-    use diesel_async::pooled_connection::PoolError;
-    match e {
-        PoolError::ConnectionError(_) => Some(ErrorClass::Transient),
-        PoolError::QueryError(e) => query_error_class(e),
-    }
+    (e.is::<bb8::RunError>() || e.is::<PoolError>()).then_some(Some(ErrorClass::Transient))
 }
 
 fn query_error_class(e: &QueryError) -> Option<ErrorClass> {
@@ -568,7 +552,8 @@ mod tests {
     #[cfg(feature = "r2d2")]
     #[test]
     fn r2d2s_errors_are_classified() {
-        let e = diesel::r2d2::Error::QueryError(db(DatabaseErrorKind::SerializationFailure, "x"));
+        // The manager's ping: no message is involved, whatever the query error says.
+        let e = diesel::r2d2::Error::QueryError(QueryError::NotFound);
         assert_eq!(classify(&e), Some(ErrorClass::Transient));
         let e = diesel::r2d2::Error::ConnectionError(diesel::ConnectionError::BadConnection(
             "refused".into(),
@@ -591,8 +576,9 @@ mod tests {
             classify(&RunError::User(refused())),
             Some(ErrorClass::Transient)
         );
-        let user = RunError::User(PoolError::QueryError(QueryError::NotFound));
-        assert_eq!(classify(&user), None);
+        // A pool's error involves no message, whatever it wraps (here a failed ping).
+        let ping = RunError::User(PoolError::QueryError(QueryError::NotFound));
+        assert_eq!(classify(&ping), Some(ErrorClass::Transient));
 
         let created = deadpool::PoolError::Backend(refused());
         assert_eq!(classify(&created), Some(ErrorClass::Transient));
@@ -600,8 +586,8 @@ mod tests {
             classify(&deadpool::PoolError::Closed),
             Some(ErrorClass::Transient)
         );
-        let query = deadpool::PoolError::Backend(PoolError::QueryError(QueryError::NotFound));
-        assert_eq!(classify(&query), None);
+        let ping = deadpool::PoolError::Backend(PoolError::QueryError(QueryError::NotFound));
+        assert_eq!(classify(&ping), Some(ErrorClass::Transient));
         assert_eq!(classify(&refused()), Some(ErrorClass::Transient));
     }
 }
