@@ -111,3 +111,167 @@ async fn mariadb_statement_time_is_an_outage_and_an_invalid_value_is_poison_thro
         async_errors::<diesel_async::AsyncMysqlConnection>(&db.url, &MARIADB).await;
     check("AsyncMysqlConnection", slow, invalid);
 }
+
+/// A lock held past the waiter's limit, and a session the server (or an operator) ends: the
+/// errors each driver gives for them are outages, recognised by the servers' exact texts.
+struct Outages {
+    /// Run by the holder: makes the table and takes its row lock, keeping the transaction open.
+    hold: &'static [&'static str],
+    /// Run by the connection under test; the last statement waits for the lock and fails.
+    wait: &'static [&'static str],
+}
+
+#[cfg(feature = "postgres")]
+const POSTGRES_OUTAGES: Outages = Outages {
+    hold: &[
+        "CREATE TABLE held (n INT PRIMARY KEY)",
+        "INSERT INTO held VALUES (1)",
+        "BEGIN",
+        "SELECT * FROM held FOR UPDATE",
+    ],
+    // 55P03: canceling statement due to lock timeout
+    wait: &[
+        "SET lock_timeout = '100ms'",
+        "SELECT * FROM held FOR UPDATE",
+    ],
+};
+
+#[cfg(feature = "mysql")]
+const MARIADB_OUTAGES: Outages = Outages {
+    hold: &[
+        "CREATE TABLE held (n INT PRIMARY KEY) ENGINE = InnoDB",
+        "INSERT INTO held VALUES (1)",
+        "BEGIN",
+        "SELECT * FROM held FOR UPDATE",
+    ],
+    // 1205: Lock wait timeout exceeded; try restarting transaction
+    wait: &[
+        "SET SESSION innodb_lock_wait_timeout = 1",
+        "SELECT * FROM held FOR UPDATE",
+    ],
+};
+
+/// Ends every other session on the test database, as an operator (or a failover) would.
+fn end_other_sessions(url: &str) {
+    use diesel::RunQueryDsl;
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres") {
+        let mut conn = diesel::PgConnection::establish(url).unwrap();
+        diesel::sql_query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .execute(&mut conn)
+        .unwrap();
+        return;
+    }
+    #[cfg(feature = "mysql")]
+    {
+        #[derive(diesel::QueryableByName)]
+        struct Session {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            id: i64,
+        }
+        let mut conn = diesel::MysqlConnection::establish(url).unwrap();
+        let sessions: Vec<Session> = diesel::sql_query(
+            "SELECT CAST(ID AS SIGNED) AS id FROM information_schema.PROCESSLIST \
+             WHERE DB = DATABASE() AND ID <> CONNECTION_ID()",
+        )
+        .load(&mut conn)
+        .unwrap();
+        for s in sessions {
+            diesel::sql_query(format!("KILL CONNECTION {}", s.id))
+                .execute(&mut conn)
+                .unwrap();
+        }
+    }
+}
+
+fn check_outages(what: &str, locked: diesel::result::Error, ended: diesel::result::Error) {
+    eprintln!("{what}: lock: {locked:?}; session ended: {ended:?}");
+    assert_eq!(
+        (classify(&locked, &[]), classify(&ended, &[])),
+        (ErrorClass::Transient, ErrorClass::Transient),
+        "{what}: a lock wait timeout ({locked}) and an ended session ({ended}) are outages"
+    );
+}
+
+fn hold_lock<C: Connection>(url: &str, o: &Outages) -> C {
+    let mut holder = C::establish(url).unwrap();
+    for sql in o.hold {
+        holder.batch_execute(sql).unwrap();
+    }
+    holder
+}
+
+fn sync_outages<C: Connection>(
+    url: &str,
+    o: &Outages,
+) -> (diesel::result::Error, diesel::result::Error) {
+    let _holder = hold_lock::<C>(url, o);
+    let mut conn = C::establish(url).unwrap();
+    let (last, setup) = o.wait.split_last().unwrap();
+    for sql in setup {
+        conn.batch_execute(sql).unwrap();
+    }
+    let locked = conn.batch_execute(last).unwrap_err();
+    end_other_sessions(url);
+    let ended = conn.batch_execute("SELECT 1").unwrap_err();
+    (locked, ended)
+}
+
+async fn async_outages<H: Connection, C: AsyncConnection>(
+    url: &str,
+    o: &Outages,
+) -> (diesel::result::Error, diesel::result::Error) {
+    let _holder = hold_lock::<H>(url, o);
+    let mut conn = C::establish(url).await.unwrap();
+    let (last, setup) = o.wait.split_last().unwrap();
+    for sql in setup {
+        conn.batch_execute(sql).await.unwrap();
+    }
+    let locked = conn.batch_execute(last).await.unwrap_err();
+    end_other_sessions(url);
+    let ended = conn.batch_execute("SELECT 1").await.unwrap_err();
+    (locked, ended)
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_lock_timeout_and_a_terminated_session_are_outages_through_libpq() {
+    let db = TestDatabase::postgres("outages_sync");
+    let (locked, ended) = sync_outages::<diesel::PgConnection>(&db.url, &POSTGRES_OUTAGES);
+    check_outages("PgConnection", locked, ended);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_lock_timeout_and_a_terminated_session_are_outages_through_tokio_postgres() {
+    let db = TestDatabase::postgres("outages_async");
+    let (locked, ended) = async_outages::<diesel::PgConnection, diesel_async::AsyncPgConnection>(
+        &db.url,
+        &POSTGRES_OUTAGES,
+    )
+    .await;
+    check_outages("AsyncPgConnection", locked, ended);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mariadb_lock_wait_timeout_and_a_killed_session_are_outages_through_mysqlclient() {
+    let db = TestDatabase::mysql("outages_sync");
+    let (locked, ended) = sync_outages::<diesel::MysqlConnection>(&db.url, &MARIADB_OUTAGES);
+    check_outages("MysqlConnection", locked, ended);
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mariadb_lock_wait_timeout_and_a_killed_session_are_outages_through_mysql_async() {
+    let db = TestDatabase::mysql("outages_async");
+    let (locked, ended) = async_outages::<
+        diesel::MysqlConnection,
+        diesel_async::AsyncMysqlConnection,
+    >(&db.url, &MARIADB_OUTAGES)
+    .await;
+    check_outages("AsyncMysqlConnection", locked, ended);
+}
