@@ -63,6 +63,7 @@
 //! | MariaDB 1927, MySQL 4031 (connection killed, idle timeout) | `= Connection was killed`, `^ The client was disconnected by the server because of inactivity` |
 //! | client 2002, 2003 (MySQL's and MariaDB's client libraries) | `^ Can't connect to local `, `^ Can't connect to MySQL server on `, `^ Can't connect to server on ` |
 //! | client 2006, 2013, 2055 | `= MySQL server has gone away`, `= Server has gone away`, `^ Lost connection to ` |
+//! | SQLite `SQLITE_BUSY`, `SQLITE_LOCKED` (another connection's lock, past the busy timeout) | `= database is locked`, `^ database table is locked` |
 //! | mysql_async (diesel-async), io and closed connections | `^ Input/output error: `, ``= Driver error: `Connection to the server is closed.'`` |
 //!
 //! Not recognised (so permanent, which dead-letters): an outage whose message is translated,
@@ -192,6 +193,9 @@ const OUTAGES: &[(&str, Text)] = {
         ("2006", Is("MySQL server has gone away")),
         ("2006", Is("Server has gone away")),
         ("2013", StartsWith("Lost connection to ")),
+        // SQLite: another connection holds the lock past the busy timeout
+        ("SQLITE_BUSY", Is("database is locked")),
+        ("SQLITE_LOCKED", StartsWith("database table is locked")),
         // mysql_async (diesel-async): its own errors as text, never a server message
         ("io", StartsWith("Input/output error: ")),
         (
@@ -425,6 +429,8 @@ mod tests {
         ("2006", "Server has gone away"),
         ("2013", "Lost connection to MySQL server during query"),
         ("2013", "Lost connection to server during query"),
+        ("SQLITE_BUSY", "database is locked"),
+        ("SQLITE_LOCKED", "database table is locked: outbox_events"),
         (
             "io",
             "Input/output error: Connection reset by peer (os error 104)",

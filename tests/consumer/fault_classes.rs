@@ -275,3 +275,18 @@ async fn mariadb_lock_wait_timeout_and_a_killed_session_are_outages_through_mysq
     .await;
     check_outages("AsyncMysqlConnection", locked, ended);
 }
+
+/// SQLite: a writer that meets another's lock past its busy timeout (`SQLITE_BUSY`) waits for
+/// it as for an outage.
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_busy_is_an_outage() {
+    use diesel::connection::SimpleConnection;
+    let db = TestDatabase::sqlite("busy");
+    let mut holder = diesel::SqliteConnection::establish(&db.url).unwrap();
+    holder.batch_execute("BEGIN IMMEDIATE").unwrap();
+    let mut conn = diesel::SqliteConnection::establish(&db.url).unwrap();
+    conn.batch_execute("PRAGMA busy_timeout = 50").unwrap();
+    let busy = conn.batch_execute("BEGIN IMMEDIATE").unwrap_err();
+    assert_eq!(classify(&busy, &[]), ErrorClass::Transient, "{busy:?}");
+}

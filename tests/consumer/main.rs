@@ -16,7 +16,6 @@ mod support;
 mod conns;
 #[cfg(all(feature = "kafka", feature = "postgres"))]
 mod db_refusing;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod fault_classes;
 mod idempotent_suite;
 mod inbox_suite;
