@@ -3,6 +3,12 @@
 //! time limit is an outage; a value the server refuses is the message's fault, even when the
 //! value reads like an outage.
 
+// The helpers serve the PostgreSQL and MySQL tests; a build with fewer backends leaves some unused.
+#![cfg_attr(
+    not(all(feature = "postgres", feature = "mysql")),
+    allow(dead_code, unused_imports)
+)]
+
 use diesel::Connection;
 use diesel_async::AsyncConnection;
 use outbox::fault::{ErrorClass, classify};
