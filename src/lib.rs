@@ -83,8 +83,8 @@
 //!   `SyncConnectionWrapper<SqliteConnection>`), with `transaction_with_outbox` taking an async
 //!   closure.
 //! - `r2d2`: Diesel's r2d2 pool; pooled connections work unchanged.
-//! - `deadpool`, `bb8`: diesel-async's pools; their timeouts count as outages in the Kafka
-//!   consumer ([`fault`]).
+//! - `deadpool`, `bb8`: kept for existing manifests; with `async` the Kafka consumer already
+//!   knows the errors of diesel-async's pools as outages ([`fault`]).
 //! - `relay`: the relay engine and its stores (implies `async`).
 //! - `kafka`: the Kafka publisher and consumer (librdkafka, built from bundled sources).
 //! - `schema`: the JSON Schema of every event (`schemars`) and `outbox::schema`'s snapshot check.

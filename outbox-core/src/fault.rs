@@ -9,8 +9,10 @@
 //!    error's chain) to say it itself;
 //! 2. the classifiers given to the consumer's builder (`KafkaConsumerBuilder::classifier`);
 //! 3. the classifiers other crates register in [`CLASSIFIERS`]: the Diesel store registers one
-//!    for `diesel::result::Error`, `diesel::ConnectionError` and the pool errors (r2d2,
-//!    deadpool, bb8);
+//!    for `diesel::result::Error` (by its kind, and where Diesel keeps no SQLSTATE or MySQL
+//!    error number, by the server's whole message or the fixed text before any value, never
+//!    a substring), `diesel::ConnectionError` and the pool errors (r2d2, deadpool, bb8), with
+//!    no pool feature to turn on (`outbox_diesel::fault` lists what is recognised);
 //! 4. the built-in one for [`std::io::Error`] ([`io_error_class`]).
 //!
 //! An error nothing recognises is [`ErrorClass::Permanent`]: a bug or a business rule does not

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -104,6 +105,7 @@ on_both_brokers!(
     transient_errors_are_retried_beyond_max_attempts_in_order,
     a_dead_letter_parks_the_later_messages_of_its_key_unless_skipping,
     a_second_service_and_a_rolling_deploy_dead_letter_nothing,
+    an_unwritable_dead_letter_topic_blocks_the_partition_visibly,
 );
 
 fn unique(what: &str) -> String {
@@ -986,4 +988,63 @@ fn set(headers: &mut [(&str, Vec<u8>)], name: &str, value: &[u8]) {
             *v = value.to_vec();
         }
     }
+}
+
+/// A dead-letter topic the broker refuses (here a name no broker accepts; an ACL or a missing
+/// topic answer the same way): the message is never dropped, its partition waits, and the
+/// wait shows: `dead_letter_blocked` (and its gauge) while it lasts, the failed writes counted
+/// by topic and code. A later message of the same partition is not handled meanwhile.
+async fn an_unwritable_dead_letter_topic_blocks_the_partition_visibly(broker: Broker) {
+    let topic = broker.topic("dlt-refused").await;
+    // One order: one key, one partition, in order.
+    broker.publish(&topic, &[placed(1, 0), placed(1, 1)]).await;
+    let handled: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let seen = handled.clone();
+    let consumer = broker
+        .consumer(&topic, &unique("dlt-refused"))
+        .max_attempts(1)
+        .dead_letter_topic(format!("refused dead letters {}!", Uuid::now_v7().simple()))
+        .handler(move |event: Envelope<OrderPlaced>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(event.n);
+                Err::<Outcome<()>, _>("card declined".to_owned())
+            }
+        })
+        .build()
+        .unwrap();
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(consumer.run(async move {
+        stopped.await.ok();
+    }));
+    let deadline = Instant::now() + DEADLINE;
+    while !stats.dead_letter_blocked.load(Ordering::Relaxed) {
+        assert!(
+            Instant::now() < deadline,
+            "{}: the unwritable dead letter never showed: {stats:?}",
+            broker.name
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        stats.dead_letter_blocked.load(Ordering::Relaxed),
+        "{}: {stats:?}",
+        broker.name
+    );
+    assert_eq!(
+        (n(&stats.dead_lettered), n(&stats.done)),
+        (0, 0),
+        "{}: nothing dropped, nothing done past it: {stats:?}",
+        broker.name
+    );
+    assert_eq!(*handled.lock().unwrap(), [0], "{}", broker.name);
+    stop.send(()).unwrap();
+    task.await.unwrap();
+    assert!(
+        !stats.dead_letter_blocked.load(Ordering::Relaxed),
+        "{}: shutdown ends the wait: {stats:?}",
+        broker.name
+    );
 }

@@ -86,6 +86,8 @@ on_both_brokers!(
     ten_thousand_messages_over_100_keys_arrive_complete_and_in_key_order,
     a_too_large_message_fails_and_holds_back_its_key_only,
     a_message_the_broker_rejects_lets_no_later_one_of_its_key_through,
+    a_topic_the_broker_refuses_whole_is_an_outage_naming_the_topic_and_code,
+    a_relay_dead_letters_nothing_of_a_topic_the_broker_refuses_whole,
 );
 
 impl Broker {
@@ -528,6 +530,118 @@ async fn a_message_the_broker_rejects_lets_no_later_one_of_its_key_through(broke
     assert!(
         on_broker == want,
         "{}: key a on the broker is not what was reported",
+        broker.name
+    );
+}
+
+/// A topic the broker refuses for every record (here a name no broker accepts, as a router or
+/// an event type could produce; an ACL or a missing topic with auto-creation off answer the
+/// same way): an outage of that topic, never the record's fault, with a reason that names the
+/// topic and librdkafka's code. Another topic's message in the same publish is delivered.
+async fn a_topic_the_broker_refuses_whole_is_an_outage_naming_the_topic_and_code(broker: Broker) {
+    let good = broker.topic("refused-beside").await;
+    let bad = format!("outbox refused {}!", Uuid::now_v7().simple());
+    let publisher = KafkaPublisher::builder()
+        .brokers(&broker.bootstrap)
+        .set("message.timeout.ms", "10000")
+        .build()
+        .unwrap();
+    let mut refused = message(0, "a", r#""a0""#.into());
+    refused.topic = Some(bad.clone());
+    let mut beside = message(1, "b", r#""b0""#.into());
+    beside.topic = Some(good.clone());
+    let outcomes = publisher.publish(&[refused, beside]).await;
+    eprintln!("{}: {outcomes:?}", broker.name);
+    let Delivery::Unavailable(reason) = &outcomes[0] else {
+        panic!(
+            "{}: a topic refused whole is an outage, not {:?}",
+            broker.name, outcomes[0]
+        );
+    };
+    assert!(
+        reason.contains(&format!("topic `{bad}` refuses every record (")),
+        "{}: the reason names the topic and the code: {reason}",
+        broker.name
+    );
+    assert_eq!(outcomes[1], Delivery::Published, "{}", broker.name);
+}
+
+/// The relay, with two attempts before a dead letter, publishing to a topic the broker refuses
+/// for every record and to a good one: after many publishes the refused topic's events are not
+/// dead-lettered and have spent no attempt, the relay's health says it waits with the topic and
+/// the code, and the good topic's events are delivered.
+async fn a_relay_dead_letters_nothing_of_a_topic_the_broker_refuses_whole(broker: Broker) {
+    use outbox_core::relay::{MemoryStore, Relay, RelayConfig, RelayState, test_message};
+    let good = broker.topic("relay-beside").await;
+    let bad = format!("outbox refused {}!", Uuid::now_v7().simple());
+    let store = MemoryStore::default();
+    for i in 0..5 {
+        store.insert(test_message(&bad, &format!("r{i}"), "Refused"));
+        store.insert(test_message(&good, &format!("g{i}"), "Delivered"));
+    }
+    let config = RelayConfig {
+        max_attempts: 2,
+        poll_interval: Duration::from_millis(50),
+        outage_backoff: outbox_core::relay::Backoff {
+            initial: Duration::from_millis(20),
+            max: Duration::from_millis(100),
+            multiplier: 2.0,
+            jitter: 0.2,
+        },
+        ..RelayConfig::default()
+    };
+    let relay_id = config.relay_id.clone();
+    let publisher = KafkaPublisher::builder()
+        .brokers(&broker.bootstrap)
+        .build()
+        .unwrap();
+    let relay = Relay::new(store.clone(), publisher, config).unwrap();
+    let stats = relay.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async move {
+        stopped.await.ok();
+    }));
+    let deadline = Instant::now() + READ_DEADLINE;
+    while stats
+        .broker_waits
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 10
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{}: the relay never waited: {stats:?}",
+            broker.name
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let health = store.relay_health(&relay_id);
+    stop.send(()).unwrap();
+    running.await.unwrap();
+
+    assert_eq!(store.dead_letters(), [], "{}: {stats:?}", broker.name);
+    let rows = store.rows();
+    let (refused, delivered): (Vec<_>, Vec<_>) = rows
+        .iter()
+        .partition(|r| r.last_error.as_deref().is_some_and(|e| e.contains(&bad)) || !r.published);
+    assert_eq!(
+        (refused.len(), delivered.len()),
+        (5, 5),
+        "{}: {rows:?}",
+        broker.name
+    );
+    assert!(
+        refused.iter().all(|r| r.attempts == 0 && !r.dead),
+        "{}: no attempt spent on a refused topic: {rows:?}",
+        broker.name
+    );
+    let Some((RelayState::WaitingForBroker, Some(error))) = health else {
+        panic!("{}: the relay's health: {health:?}", broker.name);
+    };
+    assert!(
+        error.contains(&format!(
+            "topic `{bad}` refuses every record (InvalidTopic)"
+        )),
+        "{}: {error}",
         broker.name
     );
 }

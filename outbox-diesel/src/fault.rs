@@ -1,25 +1,73 @@
 //! The fault class of Diesel's errors ([`outbox_core::fault`]): which are an outage of the
-//! database (transient: a consumer waits and retries) and which are the message's own
-//! (permanent). Registered with the consumer runtime at link time, so a handler that returns
-//! these errors (or an error whose `source()` chain holds one) needs nothing more.
+//! database (transient: a consumer waits and retries, for as long as it takes) and which are
+//! the message's own (left to the default: permanent). Registered with the consumer runtime at
+//! link time, so a handler that returns these errors (or an error whose `source()` chain holds
+//! one) needs nothing more, and no feature of this crate has to be turned on for it.
 //!
 //! | error | class |
 //! |---|---|
 //! | `DatabaseError(SerializationFailure)`: PostgreSQL 40001, MySQL 1213 (deadlock) | transient |
-//! | `DatabaseError(ClosedConnection)`, `DatabaseError(UnableToSendCommand)` | transient |
+//! | `DatabaseError(ClosedConnection)` (PostgreSQL 08000, 08001, 08004, 08006, or libpq's connection gone bad), `DatabaseError(UnableToSendCommand)` (the query never reached the server) | transient |
 //! | `DatabaseError(ReadOnlyTransaction)`: a failover left us on a replica | transient |
-//! | `DatabaseError(Unknown)` whose message is an outage (below) | transient |
+//! | `DatabaseError` of another kind whose server message is one of [the outage messages](#the-outage-messages) | transient |
 //! | `BrokenTransactionManager` (the connection failed mid-transaction) | transient |
 //! | `diesel::ConnectionError`, every variant: the database cannot be reached (or not as configured); no message is at fault | transient |
-//! | `diesel::r2d2::PoolError` (r2d2's timeout), `diesel::r2d2::Error` | transient (its query error as above) |
-//! | diesel-async's deadpool `PoolError` (timeout, closed, backend) and bb8 `RunError` (timeout, backend), features `deadpool`, `bb8` | transient (a query error as above) |
-//! | anything else (`NotFound`, constraint violations, deserialization, ...) | not decided here: permanent unless another link of the chain says otherwise |
+//! | r2d2's `diesel::r2d2::PoolError` (its timeout) and its manager's `diesel::r2d2::Error` | transient |
+//! | diesel-async's deadpool `PoolError` (timeout, closed, backend), bb8 `RunError` (timeout, backend) and `pooled_connection::PoolError` | transient (a post-create hook's error is the user's: left to its own chain) |
+//! | anything else (`NotFound`, constraint violations, invalid input, deserialization, ...) | not decided here: permanent unless another link of the chain says otherwise |
 //!
-//! Neither libpq nor diesel-async hands Diesel the SQLSTATE of an error it has no kind for
-//! (PostgreSQL's deadlock 40P01, lock timeout 55P03, `the database system is starting up`
-//! 57P03, ...), nor does diesel-async keep MySQL's error number for most errors: those are
-//! recognised by the server's message, which assumes the server's messages are in English
-//! (`lc_messages`), the default.
+//! An error of a pool or of its connection manager comes from getting, making or checking a
+//! connection, which involves no message: whatever it wraps, it is transient. The pools are
+//! recognised whenever the connections they hold can exist: diesel-async's with
+//! the `async` feature (which always builds diesel-async's `deadpool` and `bb8` support for
+//! this), r2d2's with `r2d2` or `kafka` on the `outbox` crate (the consumer runtime needs it).
+//!
+//! # The outage messages
+//!
+//! Diesel keeps an error's SQLSTATE or MySQL error number only as its [`DatabaseErrorKind`]:
+//! libpq's and mysqlclient's codes and diesel-async's `tokio_postgres::Error` and
+//! `mysql_async::ServerError` are turned into a kind and a boxed
+//! [`DatabaseErrorInformation`](diesel::result::DatabaseErrorInformation), which has no code
+//! and cannot be downcast. Every code Diesel has no kind for is `Unknown`, with the server's
+//! primary message (PostgreSQL's `MESSAGE_PRIMARY`, without `ERROR:`; MySQL's message text).
+//! So the outages below are recognised by that message, and only where the message is one the
+//! server writes in full, or begins with a fixed text the server writes before any value: the
+//! whole message equals the text (`=`), begins with it (`^`), or begins with the first text and
+//! ends with the second (`^ … $`). A message that quotes a value (`invalid input syntax for
+//! type integer: "timed out"`, `Incorrect integer value: 'timed out' for column ...`) never
+//! matches, whatever the value says. The texts are the servers' English ones (`lc_messages`,
+//! the default): a server speaking another language has its outages taken for the message's
+//! fault. A function of yours that raises (`RAISE EXCEPTION '%'`, `SIGNAL ... MESSAGE_TEXT`)
+//! a message equal to one of these is taken for that outage too.
+//!
+//! | code | text |
+//! |---|---|
+//! | PG 57014 query_canceled | `= canceling statement due to statement timeout`, `= canceling statement due to user request` |
+//! | PG 55P03 lock_not_available | `= canceling statement due to lock timeout`, `^ could not obtain lock on ` |
+//! | PG 40P01 deadlock_detected | `= deadlock detected` |
+//! | PG 53100 disk_full | `^ could not extend file `, `^ could not write to file … $ No space left on device` |
+//! | PG 53200 out_of_memory | `= out of memory` |
+//! | PG 53300 too_many_connections | `= sorry, too many clients already`, `^ remaining connection slots are reserved for `, `^ too many connections for role `, `^ too many connections for database ` |
+//! | PG 57P01, 57P02, 57P04, 57P05, 25P03, 25P04 (the server ends the session) | `^ terminating connection ` |
+//! | PG 57P03 cannot_connect_now | `^ the database system is ` |
+//! | PG 55000, `ALLOW_CONNECTIONS false` | `^ database " … $ " is not currently accepting connections` |
+//! | libpq, connection lost (08xxx without a server message) | `^ server closed the connection unexpectedly`, `= no connection to the server`, `^ could not receive data from server`, `^ could not send data to server`, `^ SSL SYSCALL error`, `^ SSL connection has been closed unexpectedly` |
+//! | MySQL 1205 | `= Lock wait timeout exceeded; try restarting transaction` |
+//! | MySQL 1213 (diesel-async has no kind for it) | `= Deadlock found when trying to get lock; try restarting transaction` |
+//! | MySQL 1040 | `= Too many connections` |
+//! | MySQL 1053 | `= Server shutdown in progress` |
+//! | MySQL 1290 (read-only) | `^ The MySQL server is running with the --read-only option`, `^ The MySQL server is running with the --super-read-only option`, `^ The MariaDB server is running with the --read-only option` |
+//! | MySQL 1021, 1114 (disk or table full) | `^ Disk full (`, `^ The table ' … $ ' is full` |
+//! | MySQL 1037, 1041, 1038 (out of memory) | `^ Out of memory; `, `^ Out of sort memory` |
+//! | MySQL 3024, MariaDB 1969, 1317 (statement time exceeded, query interrupted) | `= Query execution was interrupted, maximum statement execution time exceeded`, `= Query execution was interrupted (max_statement_time exceeded)`, `= Query execution was interrupted` |
+//! | MariaDB 1927, MySQL 4031 (connection killed, idle timeout) | `= Connection was killed`, `^ The client was disconnected by the server because of inactivity` |
+//! | client 2002, 2003 (MySQL's and MariaDB's client libraries) | `^ Can't connect to local `, `^ Can't connect to MySQL server on `, `^ Can't connect to server on ` |
+//! | client 2006, 2013, 2055 | `= MySQL server has gone away`, `= Server has gone away`, `^ Lost connection to ` |
+//! | SQLite `SQLITE_BUSY`, `SQLITE_LOCKED` (another connection's lock, past the busy timeout) | `= database is locked`, `^ database table is locked` |
+//! | mysql_async (diesel-async), io and closed connections | `^ Input/output error: `, ``= Driver error: `Connection to the server is closed.'`` |
+//!
+//! Not recognised (so permanent, which dead-letters): an outage whose message is translated,
+//! and any other code Diesel has no kind for, e.g. PostgreSQL's 58xxx system errors.
 
 use std::error::Error;
 
@@ -29,40 +77,133 @@ use outbox_core::fault::{Classifier, ErrorClass};
 #[linkme::distributed_slice(outbox_core::fault::CLASSIFIERS)]
 static DIESEL: Classifier = classify;
 
-/// Server and driver messages of an outage, lowercase: PostgreSQL, MySQL/MariaDB, and the io
-/// errors the async drivers report as text.
-const OUTAGE_MESSAGES: &[&str] = &[
-    // PostgreSQL
-    "deadlock detected",                        // 40P01
-    "canceling statement due to lock timeout",  // 55P03
-    "could not obtain lock",                    // 55P03 (NOWAIT)
-    "the database system is starting up",       // 57P03
-    "the database system is shutting down",     // 57P03
-    "the database system is in recovery mode",  // 57P03
-    "the database system is not yet accepting", // 57P03
-    "terminating connection due to",            // 57P01, 57P02, 57P05
-    "sorry, too many clients already",          // 53300
-    "remaining connection slots are reserved",  // 53300
-    "server closed the connection unexpectedly",
-    "connection to server",
-    "could not connect to server",
-    // MySQL / MariaDB
-    "deadlock found when trying to get lock", // 1213
-    "lock wait timeout exceeded",             // 1205
-    "server has gone away",                   // 2006
-    "lost connection to",                     // 2013
-    "can't connect to",                       // 2002, 2003
-    "server shutdown in progress",            // 1053
-    "too many connections",                   // 1040
-    "--read-only option",                     // 1290
-    // io errors as text (mysql_async, tokio-postgres)
-    "connection refused",
-    "connection reset",
-    "broken pipe",
-    "connection aborted",
-    "timed out",
-    "unexpected eof",
-];
+/// How a server message is matched: never as a substring, so that a value quoted inside a
+/// message cannot decide.
+#[derive(Debug, Clone, Copy)]
+enum Text {
+    /// The whole message.
+    Is(&'static str),
+    /// The message begins with this text, which the server writes before any value.
+    StartsWith(&'static str),
+    /// The message begins with the first text and ends with the second.
+    Around(&'static str, &'static str),
+}
+
+impl Text {
+    fn matches(self, message: &str) -> bool {
+        match self {
+            Text::Is(text) => message == text,
+            Text::StartsWith(prefix) => message.starts_with(prefix),
+            Text::Around(prefix, suffix) => {
+                message.len() >= prefix.len() + suffix.len()
+                    && message.starts_with(prefix)
+                    && message.ends_with(suffix)
+            }
+        }
+    }
+}
+
+/// The outage messages, each with the code it stands for (see the module documentation).
+const OUTAGES: &[(&str, Text)] = {
+    use Text::*;
+    &[
+        // PostgreSQL
+        ("57014", Is("canceling statement due to statement timeout")),
+        ("57014", Is("canceling statement due to user request")),
+        ("55P03", Is("canceling statement due to lock timeout")),
+        ("55P03", StartsWith("could not obtain lock on ")),
+        ("40P01", Is("deadlock detected")),
+        ("53100", StartsWith("could not extend file ")),
+        (
+            "53100",
+            Around("could not write to file ", "No space left on device"),
+        ),
+        ("53200", Is("out of memory")),
+        ("53300", Is("sorry, too many clients already")),
+        (
+            "53300",
+            StartsWith("remaining connection slots are reserved for "),
+        ),
+        ("53300", StartsWith("too many connections for role ")),
+        ("53300", StartsWith("too many connections for database ")),
+        ("57P01", StartsWith("terminating connection ")),
+        ("57P03", StartsWith("the database system is ")),
+        (
+            "55000",
+            Around("database \"", "\" is not currently accepting connections"),
+        ),
+        // libpq, the connection lost before or without a server message
+        (
+            "08006",
+            StartsWith("server closed the connection unexpectedly"),
+        ),
+        ("08003", Is("no connection to the server")),
+        ("08006", StartsWith("could not receive data from server")),
+        ("08006", StartsWith("could not send data to server")),
+        ("08006", StartsWith("SSL SYSCALL error")),
+        (
+            "08006",
+            StartsWith("SSL connection has been closed unexpectedly"),
+        ),
+        // MySQL / MariaDB server
+        (
+            "1205",
+            Is("Lock wait timeout exceeded; try restarting transaction"),
+        ),
+        (
+            "1213",
+            Is("Deadlock found when trying to get lock; try restarting transaction"),
+        ),
+        ("1040", Is("Too many connections")),
+        ("1053", Is("Server shutdown in progress")),
+        (
+            "1290",
+            StartsWith("The MySQL server is running with the --read-only option"),
+        ),
+        (
+            "1290",
+            StartsWith("The MySQL server is running with the --super-read-only option"),
+        ),
+        (
+            "1290",
+            StartsWith("The MariaDB server is running with the --read-only option"),
+        ),
+        ("1021", StartsWith("Disk full (")),
+        ("1114", Around("The table '", "' is full")),
+        ("1037", StartsWith("Out of memory; ")),
+        ("1038", StartsWith("Out of sort memory")),
+        (
+            "3024",
+            Is("Query execution was interrupted, maximum statement execution time exceeded"),
+        ),
+        (
+            "1969",
+            Is("Query execution was interrupted (max_statement_time exceeded)"),
+        ),
+        ("1317", Is("Query execution was interrupted")),
+        ("1927", Is("Connection was killed")),
+        (
+            "4031",
+            StartsWith("The client was disconnected by the server because of inactivity"),
+        ),
+        // MySQL / MariaDB client libraries (mysqlclient)
+        ("2002", StartsWith("Can't connect to local ")),
+        ("2003", StartsWith("Can't connect to MySQL server on ")),
+        ("2003", StartsWith("Can't connect to server on ")),
+        ("2006", Is("MySQL server has gone away")),
+        ("2006", Is("Server has gone away")),
+        ("2013", StartsWith("Lost connection to ")),
+        // SQLite: another connection holds the lock past the busy timeout
+        ("SQLITE_BUSY", Is("database is locked")),
+        ("SQLITE_LOCKED", StartsWith("database table is locked")),
+        // mysql_async (diesel-async): its own errors as text, never a server message
+        ("io", StartsWith("Input/output error: ")),
+        (
+            "closed",
+            Is("Driver error: `Connection to the server is closed.'"),
+        ),
+    ]
+};
 
 /// Classifies Diesel's error types (see the [module documentation](self)); `None` for any
 /// other error, or for a Diesel error that is not an outage.
@@ -74,6 +215,12 @@ const OUTAGE_MESSAGES: &[&str] = &[
 ///
 /// let deadlock = Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new("deadlock detected".to_owned()));
 /// assert_eq!(classify(&deadlock), Some(ErrorClass::Transient));
+/// // A value quoted in a message decides nothing.
+/// let invalid = Error::DatabaseError(
+///     DatabaseErrorKind::Unknown,
+///     Box::new(r#"invalid input syntax for type integer: "deadlock detected""#.to_owned()),
+/// );
+/// assert_eq!(classify(&invalid), None);
 /// assert_eq!(classify(&Error::NotFound), None);
 /// // Registered: the consumer runtime's `classify` knows it.
 /// assert_eq!(outbox_core::fault::classify(&deadlock, &[]), ErrorClass::Transient);
@@ -90,45 +237,30 @@ pub fn classify(e: &(dyn Error + 'static)) -> Option<ErrorClass> {
         if e.is::<diesel::r2d2::PoolError>() {
             return Some(ErrorClass::Transient);
         }
-        if let Some(e) = e.downcast_ref::<diesel::r2d2::Error>() {
-            return match e {
-                diesel::r2d2::Error::ConnectionError(_) => Some(ErrorClass::Transient),
-                diesel::r2d2::Error::QueryError(e) => query_error_class(e),
-            };
+        // The manager's: connecting, or the ping that checks a connection.
+        if e.is::<diesel::r2d2::Error>() {
+            return Some(ErrorClass::Transient);
         }
     }
-    #[cfg(feature = "deadpool")]
-    if let Some(e) = e.downcast_ref::<diesel_async::pooled_connection::deadpool::PoolError>() {
-        use diesel_async::pooled_connection::deadpool::PoolError;
-        return match e {
-            PoolError::Backend(e) => async_pool_error_class(e),
-            // Post-create hooks are the user's: let their error decide.
-            PoolError::PostCreateHook(_) => None,
-            _ => Some(ErrorClass::Transient),
-        };
-    }
-    #[cfg(feature = "bb8")]
-    if let Some(e) = e.downcast_ref::<diesel_async::pooled_connection::bb8::RunError>() {
-        use diesel_async::pooled_connection::bb8::RunError;
-        return match e {
-            RunError::User(e) => async_pool_error_class(e),
-            RunError::TimedOut => Some(ErrorClass::Transient),
-        };
-    }
-    #[cfg(any(feature = "deadpool", feature = "bb8"))]
-    if let Some(e) = e.downcast_ref::<diesel_async::pooled_connection::PoolError>() {
-        return async_pool_error_class(e);
+    #[cfg(feature = "async")]
+    if let Some(class) = async_pool_class(e) {
+        return class;
     }
     None
 }
 
-#[cfg(any(feature = "deadpool", feature = "bb8"))]
-fn async_pool_error_class(e: &diesel_async::pooled_connection::PoolError) -> Option<ErrorClass> {
-    use diesel_async::pooled_connection::PoolError;
-    match e {
-        PoolError::ConnectionError(_) => Some(ErrorClass::Transient),
-        PoolError::QueryError(e) => query_error_class(e),
+/// diesel-async's pools: `Some(class)` for one of their errors.
+#[cfg(feature = "async")]
+fn async_pool_class(e: &(dyn Error + 'static)) -> Option<Option<ErrorClass>> {
+    use diesel_async::pooled_connection::{PoolError, bb8, deadpool};
+    if let Some(e) = e.downcast_ref::<deadpool::PoolError>() {
+        return Some(match e {
+            // Post-create hooks are the user's: let their error decide.
+            deadpool::PoolError::PostCreateHook(_) => None,
+            _ => Some(ErrorClass::Transient),
+        });
     }
+    (e.is::<bb8::RunError>() || e.is::<PoolError>()).then_some(Some(ErrorClass::Transient))
 }
 
 fn query_error_class(e: &QueryError) -> Option<ErrorClass> {
@@ -144,19 +276,19 @@ fn query_error_class(e: &QueryError) -> Option<ErrorClass> {
             | DatabaseErrorKind::CheckViolation
             | DatabaseErrorKind::RestrictViolation
             | DatabaseErrorKind::ExclusionViolation => None,
-            _ => message_class(info.message()),
+            _ => outage_code(info.message()).map(|_| ErrorClass::Transient),
         },
         QueryError::BrokenTransactionManager => Some(ErrorClass::Transient),
         _ => None,
     }
 }
 
-fn message_class(message: &str) -> Option<ErrorClass> {
-    let message = message.to_lowercase();
-    OUTAGE_MESSAGES
+/// The code of the outage `message` is the message of (see [`OUTAGES`]), if it is one.
+fn outage_code(message: &str) -> Option<&'static str> {
+    OUTAGES
         .iter()
-        .any(|m| message.contains(m))
-        .then_some(ErrorClass::Transient)
+        .find(|(_, text)| text.matches(message))
+        .map(|&(code, _)| code)
 }
 
 #[cfg(test)]
@@ -167,22 +299,196 @@ mod tests {
         QueryError::DatabaseError(kind, Box::new(message.to_owned()))
     }
 
+    /// A message of each outage code, as the server writes it, with the code it stands for.
+    const OUTAGE_MESSAGES: &[(&str, &str)] = &[
+        ("57014", "canceling statement due to statement timeout"),
+        ("57014", "canceling statement due to user request"),
+        ("55P03", "canceling statement due to lock timeout"),
+        (
+            "55P03",
+            "could not obtain lock on row in relation \"invoices\"",
+        ),
+        ("55P03", "could not obtain lock on relation \"invoices\""),
+        ("40P01", "deadlock detected"),
+        (
+            "53100",
+            "could not extend file \"base/16384/16385\": No space left on device",
+        ),
+        (
+            "53100",
+            "could not write to file \"pg_wal/xlogtemp.123\": No space left on device",
+        ),
+        ("53200", "out of memory"),
+        ("53300", "sorry, too many clients already"),
+        (
+            "53300",
+            "remaining connection slots are reserved for roles with the SUPERUSER attribute",
+        ),
+        ("53300", "too many connections for role \"billing\""),
+        ("53300", "too many connections for database \"billing\""),
+        (
+            "57P01",
+            "terminating connection due to administrator command",
+        ),
+        (
+            "57P01",
+            "terminating connection because of crash of another server process",
+        ),
+        (
+            "57P01",
+            "terminating connection due to idle-session timeout",
+        ),
+        (
+            "57P01",
+            "terminating connection due to idle-in-transaction timeout",
+        ),
+        ("57P03", "the database system is starting up"),
+        ("57P03", "the database system is shutting down"),
+        ("57P03", "the database system is in recovery mode"),
+        (
+            "57P03",
+            "the database system is not yet accepting connections",
+        ),
+        (
+            "55000",
+            "database \"billing\" is not currently accepting connections",
+        ),
+        (
+            "08006",
+            "server closed the connection unexpectedly\n\tThis probably means the server terminated abnormally\n\tbefore or while processing the request.\n",
+        ),
+        ("08003", "no connection to the server"),
+        (
+            "08006",
+            "could not receive data from server: Connection reset by peer",
+        ),
+        ("08006", "SSL SYSCALL error: EOF detected"),
+        (
+            "1205",
+            "Lock wait timeout exceeded; try restarting transaction",
+        ),
+        (
+            "1213",
+            "Deadlock found when trying to get lock; try restarting transaction",
+        ),
+        ("1040", "Too many connections"),
+        ("1053", "Server shutdown in progress"),
+        (
+            "1290",
+            "The MySQL server is running with the --read-only option so it cannot execute this statement",
+        ),
+        (
+            "1290",
+            "The MySQL server is running with the --super-read-only option so it cannot execute this statement",
+        ),
+        (
+            "1290",
+            "The MariaDB server is running with the --read-only option so it cannot execute this statement",
+        ),
+        (
+            "1021",
+            "Disk full (/tmp/#sql_1.MAI); waiting for someone to free some space... (errno: 28 \"No space left on device\")",
+        ),
+        ("1114", "The table 'invoices' is full"),
+        (
+            "1037",
+            "Out of memory; restart server and try again (needed 65536 bytes)",
+        ),
+        (
+            "1037",
+            "Out of memory; check if mysqld or some other process uses all available memory; if not, you may have to use 'ulimit' to allow mysqld to use more memory or you can add more swap space",
+        ),
+        (
+            "1038",
+            "Out of sort memory, consider increasing server sort buffer size",
+        ),
+        (
+            "3024",
+            "Query execution was interrupted, maximum statement execution time exceeded",
+        ),
+        (
+            "1969",
+            "Query execution was interrupted (max_statement_time exceeded)",
+        ),
+        ("1317", "Query execution was interrupted"),
+        ("1927", "Connection was killed"),
+        (
+            "2002",
+            "Can't connect to local MySQL server through socket '/run/mysqld/mysqld.sock' (2)",
+        ),
+        (
+            "2002",
+            "Can't connect to local server through socket '/run/mysqld/mysqld.sock' (2)",
+        ),
+        (
+            "2003",
+            "Can't connect to MySQL server on '127.0.0.1:3306' (111)",
+        ),
+        ("2003", "Can't connect to server on '127.0.0.1' (111)"),
+        ("2006", "MySQL server has gone away"),
+        ("2006", "Server has gone away"),
+        ("2013", "Lost connection to MySQL server during query"),
+        ("2013", "Lost connection to server during query"),
+        ("SQLITE_BUSY", "database is locked"),
+        ("SQLITE_LOCKED", "database table is locked: outbox_events"),
+        (
+            "io",
+            "Input/output error: Connection reset by peer (os error 104)",
+        ),
+        (
+            "closed",
+            "Driver error: `Connection to the server is closed.'",
+        ),
+    ];
+
     #[test]
-    fn outages_of_the_database_are_transient() {
+    fn outages_are_recognised_by_their_code_s_message() {
+        for &(code, message) in OUTAGE_MESSAGES {
+            assert_eq!(outage_code(message), Some(code), "{message}");
+            let e = db(DatabaseErrorKind::Unknown, message);
+            assert_eq!(classify(&e), Some(ErrorClass::Transient), "{message}");
+        }
+    }
+
+    #[test]
+    fn values_quoted_in_a_message_decide_nothing() {
         use DatabaseErrorKind::*;
-        let transient = [
+        // Each holds the text of an outage, inside a value the server quotes.
+        for message in [
+            r#"invalid input syntax for type integer: "timed out""#,
+            r#"invalid input syntax for type integer: "deadlock detected""#,
+            r#"invalid input syntax for type uuid: "terminating connection due to administrator command""#,
+            "value too long for type character varying(5)",
+            "Incorrect integer value: 'timed out' for column `t`.`n` at row 1",
+            "Incorrect integer value: 'Lost connection to MySQL server during query' for column 'n' at row 1",
+            "Data too long for column 'note' at row 1",
+            "unexpected eof while parsing the payload: connection refused, broken pipe",
+            " deadlock detected",
+            "deadlock detected.",
+            "Canceling statement due to statement timeout",
+            "The table 'invoices' is full of rows",
+            "database \"billing\" is not currently accepting connections, said the note",
+        ] {
+            assert_eq!(outage_code(message), None, "{message}");
+            let e = db(Unknown, message);
+            assert_eq!(classify(&e), None, "{message}");
+            assert_eq!(
+                outbox_core::fault::classify(&e, &[]),
+                ErrorClass::Permanent,
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn kinds_of_an_outage_are_transient_whatever_the_message() {
+        use DatabaseErrorKind::*;
+        for e in [
             db(
                 SerializationFailure,
                 "could not serialize access due to concurrent update",
             ),
-            db(
-                SerializationFailure,
-                "Deadlock found when trying to get lock; try restarting transaction",
-            ),
-            db(
-                ClosedConnection,
-                "server closed the connection unexpectedly",
-            ),
+            db(ClosedConnection, "anything"),
             db(
                 UnableToSendCommand,
                 "error communicating with the server: Connection refused",
@@ -191,32 +497,9 @@ mod tests {
                 ReadOnlyTransaction,
                 "cannot execute INSERT in a read-only transaction",
             ),
-            db(Unknown, "deadlock detected"),
-            db(Unknown, "canceling statement due to lock timeout"),
-            db(Unknown, "FATAL:  the database system is starting up"),
-            db(Unknown, "the database system is shutting down"),
-            db(
-                Unknown,
-                "terminating connection due to administrator command",
-            ),
-            db(
-                Unknown,
-                "Lock wait timeout exceeded; try restarting transaction",
-            ),
-            db(Unknown, "MySQL server has gone away"),
-            db(Unknown, "Lost connection to MySQL server during query"),
-            db(
-                Unknown,
-                "Input/output error: Connection reset by peer (os error 104)",
-            ),
-            db(
-                Unknown,
-                "The MySQL server is running with the --read-only option",
-            ),
             QueryError::BrokenTransactionManager,
-        ];
-        for e in &transient {
-            assert_eq!(classify(e), Some(ErrorClass::Transient), "{e:?}");
+        ] {
+            assert_eq!(classify(&e), Some(ErrorClass::Transient), "{e:?}");
         }
         for e in [
             diesel::ConnectionError::BadConnection("connection refused".into()),
@@ -231,10 +514,8 @@ mod tests {
         use DatabaseErrorKind::*;
         for e in [
             QueryError::NotFound,
-            db(
-                UniqueViolation,
-                "duplicate key value violates unique constraint",
-            ),
+            // A constraint's kind decides, even if its message reads like an outage.
+            db(UniqueViolation, "deadlock detected"),
             db(CheckViolation, "new row violates check constraint"),
             db(
                 ForeignKeyViolation,
@@ -277,7 +558,8 @@ mod tests {
     #[cfg(feature = "r2d2")]
     #[test]
     fn r2d2s_errors_are_classified() {
-        let e = diesel::r2d2::Error::QueryError(db(DatabaseErrorKind::SerializationFailure, "x"));
+        // The manager's ping: no message is involved, whatever the query error says.
+        let e = diesel::r2d2::Error::QueryError(QueryError::NotFound);
         assert_eq!(classify(&e), Some(ErrorClass::Transient));
         let e = diesel::r2d2::Error::ConnectionError(diesel::ConnectionError::BadConnection(
             "refused".into(),
@@ -285,17 +567,33 @@ mod tests {
         assert_eq!(classify(&e), Some(ErrorClass::Transient));
     }
 
-    #[cfg(feature = "bb8")]
+    /// diesel-async's pools are known with `async` alone: no pool feature of this crate.
+    #[cfg(feature = "async")]
     #[test]
-    fn bb8s_errors_are_classified() {
-        use diesel_async::pooled_connection::PoolError;
-        use diesel_async::pooled_connection::bb8::RunError;
+    fn diesel_asyncs_pool_errors_are_classified() {
+        use diesel_async::pooled_connection::{PoolError, bb8::RunError, deadpool};
+        let refused = || {
+            PoolError::ConnectionError(diesel::ConnectionError::BadConnection(
+                "database \"billing\" is not currently accepting connections".into(),
+            ))
+        };
         assert_eq!(classify(&RunError::TimedOut), Some(ErrorClass::Transient));
-        let user = RunError::User(PoolError::QueryError(QueryError::NotFound));
-        assert_eq!(classify(&user), None);
-        let refused = RunError::User(PoolError::ConnectionError(
-            diesel::ConnectionError::BadConnection("refused".into()),
-        ));
-        assert_eq!(classify(&refused), Some(ErrorClass::Transient));
+        assert_eq!(
+            classify(&RunError::User(refused())),
+            Some(ErrorClass::Transient)
+        );
+        // A pool's error involves no message, whatever it wraps (here a failed ping).
+        let ping = RunError::User(PoolError::QueryError(QueryError::NotFound));
+        assert_eq!(classify(&ping), Some(ErrorClass::Transient));
+
+        let created = deadpool::PoolError::Backend(refused());
+        assert_eq!(classify(&created), Some(ErrorClass::Transient));
+        assert_eq!(
+            classify(&deadpool::PoolError::Closed),
+            Some(ErrorClass::Transient)
+        );
+        let ping = deadpool::PoolError::Backend(PoolError::QueryError(QueryError::NotFound));
+        assert_eq!(classify(&ping), Some(ErrorClass::Transient));
+        assert_eq!(classify(&refused()), Some(ErrorClass::Transient));
     }
 }

@@ -8,10 +8,11 @@
 //! - `postgres`, `mysql`, `sqlite`: the backends (the first two link libpq and the MySQL
 //!   client library; `postgres_backend` and `mysql_backend` give the backend types alone, for
 //!   diesel-async).
-//! - `async`: diesel-async 0.9 connections.
-//! - `r2d2`: Diesel's r2d2 pool support (pooled connections work unchanged).
-//! - `deadpool`, `bb8`: diesel-async's pools; their errors (timeouts) are classified as
-//!   outages for the consumer runtime ([`fault`]).
+//! - `async`: diesel-async 0.9 connections; the errors of its pools (deadpool, bb8) are
+//!   classified as outages for the consumer runtime ([`fault`]).
+//! - `r2d2`: Diesel's r2d2 pool support (pooled connections work unchanged; its errors are
+//!   classified too).
+//! - `deadpool`, `bb8`: kept for existing manifests; `async` alone does what they did.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;

@@ -3,8 +3,9 @@
 //! `#[idempotent]` on every sync and async connection type.
 //!
 //! With the `kafka` feature, `through_broker` runs the Kafka consumer runtime against a real
-//! broker (`scripts/kafka.sh start`) with these handlers, killed processes included, and
-//! `outage` cuts the handler's PostgreSQL for 20 s.
+//! broker (`scripts/kafka.sh start`) with these handlers, killed processes included,
+//! `outage` cuts the handler's PostgreSQL for 20 s and `db_refusing` has it refuse
+//! connections for 10 s. `fault_classes` checks the fault class of real database errors.
 //!
 //! Every test creates its own database (see `support::TestDatabase`) and drops it at the end.
 //! Run with `cargo test --all-features --test consumer`.
@@ -13,9 +14,12 @@
 mod support;
 
 mod conns;
+#[cfg(all(feature = "kafka", feature = "postgres"))]
+mod db_refusing;
+mod fault_classes;
 mod idempotent_suite;
 mod inbox_suite;
-#[cfg(all(feature = "kafka", feature = "postgres", feature = "deadpool"))]
+#[cfg(all(feature = "kafka", feature = "postgres"))]
 mod outage;
 #[cfg(feature = "kafka")]
 mod through_broker;

@@ -136,6 +136,8 @@ mod log;
 mod publisher;
 #[cfg(feature = "relay")]
 mod record;
+#[cfg(test)]
+mod test_recorder;
 #[cfg(feature = "relay")]
 mod watch;
 

@@ -193,8 +193,9 @@ impl KafkaPublisher {
                 self.watch.reached();
                 Delivery::Published
             }
-            Some(Ok(Err((e, _)))) => classify::delivery(
-                classify::class_of_error(&e),
+            Some(Ok(Err((e, _)))) => classify::failed(
+                topic,
+                &e,
                 format!("delivery to topic `{topic}` failed: {e}"),
             ),
             Some(Err(_canceled)) => Delivery::Unavailable(format!(
@@ -260,7 +261,7 @@ impl KafkaPublisher {
                 }
                 Err((e, _)) => {
                     let reason = enqueue_error(&e, topic, msg, self.enqueue_budget());
-                    return Err(classify::delivery(classify::class_of_error(&e), reason));
+                    return Err(classify::failed(topic, &e, reason));
                 }
             }
         }

@@ -37,6 +37,12 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Rows the broker could not take during an outage (no attempt counted).",
     ),
     (
+        "outbox_relay_publish_errors_total",
+        "counter",
+        "Messages the Kafka publisher could not deliver, by topic, librdkafka code and class \
+         (outage: no attempt counted, e.g. a topic that refuses every record; poison: counted).",
+    ),
+    (
         "outbox_relay_fenced_total",
         "counter",
         "Rows published after their lease passed to another relay (published again).",
@@ -150,6 +156,17 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "outbox_consumer_dead_lettered_total",
         "counter",
         "Messages written to the dead-letter topic (parked ones included).",
+    ),
+    (
+        "outbox_consumer_dead_letter_failures_total",
+        "counter",
+        "Dead letters the broker did not take, by dead-letter topic and librdkafka code (the \
+         message's partition waits, retrying, until one is written).",
+    ),
+    (
+        "outbox_consumer_dead_letter_blocked",
+        "gauge",
+        "1 while a message waits for its dead letter to be written, else 0.",
     ),
     (
         "outbox_consumer_parked_total",

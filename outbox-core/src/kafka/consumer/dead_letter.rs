@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use rdkafka::Message;
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers as _, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::FutureRecord;
 
@@ -119,15 +120,54 @@ pub(crate) struct DeadLetters {
     pub(crate) timeout: Duration,
 }
 
+/// A dead letter the broker did not take: the message's partition waits until one is written.
+#[derive(Debug)]
+pub(crate) struct Unwritten {
+    /// The dead-letter topic.
+    pub(crate) topic: String,
+    pub(crate) error: KafkaError,
+}
+
+impl Unwritten {
+    /// librdkafka's code (`TopicAuthorizationFailed`, `MessageTimedOut`, ...), or `none`.
+    pub(crate) fn code(&self) -> String {
+        self.error
+            .rdkafka_error_code()
+            .map_or_else(|| "none".to_owned(), |c| format!("{c:?}"))
+    }
+
+    /// Counts it in `outbox_consumer_dead_letter_failures_total{topic, code}`.
+    pub(crate) fn count(&self) {
+        metrics::counter!(
+            "outbox_consumer_dead_letter_failures_total",
+            "topic" => self.topic.clone(),
+            "code" => self.code(),
+        )
+        .increment(1);
+    }
+}
+
+impl std::fmt::Display for Unwritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "could not write the dead letter to topic `{}` ({}): {}",
+            self.topic,
+            self.code(),
+            self.error
+        )
+    }
+}
+
 impl DeadLetters {
-    /// Sends `message` to its dead-letter topic; `Ok` once the broker acknowledged it.
+    /// Sends `message` to its dead-letter topic; `Ok(topic)` once the broker acknowledged it.
     pub(crate) async fn send(
         &self,
         message: &OwnedMessage,
         kind: &Kind,
         error: &str,
         attempts: u32,
-    ) -> Result<String, String> {
+    ) -> Result<String, Unwritten> {
         let topic = self.topic.for_topic(message.topic());
         let headers = dead_letter_headers(message, kind, error, attempts, &self.group);
         let mut record = FutureRecord::<[u8], [u8]>::to(&topic).headers(headers);
@@ -139,9 +179,7 @@ impl DeadLetters {
         }
         match self.producer.send(record, self.timeout).await {
             Ok(_) => Ok(topic),
-            Err((e, _)) => Err(format!(
-                "could not write the dead letter to topic `{topic}`: {e}"
-            )),
+            Err((error, _)) => Err(Unwritten { topic, error }),
         }
     }
 }
@@ -212,7 +250,36 @@ fn truncate(s: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kafka::test_recorder::CountingRecorder;
     use rdkafka::Timestamp;
+    use rdkafka::error::RDKafkaErrorCode;
+
+    #[test]
+    fn an_unwritten_dead_letter_names_its_topic_and_code_and_is_counted() {
+        let unwritten = Unwritten {
+            topic: "order.dlt".into(),
+            error: KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed),
+        };
+        assert!(
+            unwritten.to_string().starts_with(
+                "could not write the dead letter to topic `order.dlt` (TopicAuthorizationFailed): "
+            ),
+            "{unwritten}"
+        );
+        let recorder = CountingRecorder::default();
+        metrics::with_local_recorder(&recorder, || {
+            unwritten.count();
+            unwritten.count();
+        });
+        assert_eq!(
+            recorder.counts(),
+            [(
+                "outbox_consumer_dead_letter_failures_total{code=TopicAuthorizationFailed,topic=order.dlt}"
+                    .to_owned(),
+                2
+            )]
+        );
+    }
 
     #[test]
     fn dead_letters_keep_the_original_headers_and_say_why() {

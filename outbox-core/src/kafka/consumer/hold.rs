@@ -98,7 +98,9 @@ impl KafkaConsumer {
     }
 
     /// Writes the dead letter, retrying until the broker takes it: a message is never dropped
-    /// because its dead letter could not be written. Then parks the message's key (by
+    /// because its dead letter could not be written. The wait is an outage and shows as one: an
+    /// error log with the dead-letter topic and the code, `dead_letter_blocked` (stats and
+    /// gauge) until it ends, every failed write counted. Then parks the message's key (by
     /// [`AfterDeadLetter`]).
     pub(super) async fn dead_letter(
         &mut self,
@@ -117,6 +119,9 @@ impl KafkaConsumer {
             };
             match sent {
                 Ok(topic) => {
+                    if failures > 0 {
+                        self.blocked_on_dead_letter(false);
+                    }
                     tracing::info!(dead_letter_topic = %topic, topic = message.topic(), offset = message.offset(), "dead letter written");
                     ConsumerStats::add(
                         &self.stats.dead_lettered,
@@ -136,16 +141,41 @@ impl KafkaConsumer {
                     }
                     return Done::Yes;
                 }
-                Err(e) => {
+                Err(unwritten) => {
                     failures += 1;
+                    unwritten.count();
                     let wait = OUTAGE_BACKOFF.delay(failures, self.rng.unit());
-                    tracing::warn!(error = %e, retry_in = ?wait, "writing a dead letter failed; retrying");
+                    if failures == 1 {
+                        self.blocked_on_dead_letter(true);
+                        tracing::error!(
+                            error = %unwritten, code = %unwritten.code(),
+                            dead_letter_topic = %unwritten.topic, topic = message.topic(),
+                            partition = message.partition(), offset = message.offset(),
+                            "the dead-letter topic does not take the dead letter: the \
+                             partition waits, retrying, until it does"
+                        );
+                    } else {
+                        tracing::warn!(
+                            error = %unwritten, code = %unwritten.code(), failures,
+                            retry_in = ?wait, "writing a dead letter failed; retrying"
+                        );
+                    }
                     if !self.hold(wait, stop).await {
+                        self.blocked_on_dead_letter(false);
                         return Done::Stopped;
                     }
                 }
             }
         }
+    }
+
+    /// Whether a message waits for its dead letter to be written: the gauge
+    /// `outbox_consumer_dead_letter_blocked` and [`ConsumerStats::dead_letter_blocked`].
+    fn blocked_on_dead_letter(&self, blocked: bool) {
+        self.stats
+            .dead_letter_blocked
+            .store(blocked, std::sync::atomic::Ordering::Relaxed);
+        metrics::gauge!("outbox_consumer_dead_letter_blocked").set(if blocked { 1.0 } else { 0.0 });
     }
 
     /// Stores the offset after `message` (the next one to read) for the next commit.

@@ -1,6 +1,6 @@
 //! [`ConsumerStats`]: the counters of a running consumer.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Counters of a running consumer, shared with whoever holds
 /// [`KafkaConsumer::stats`](super::KafkaConsumer::stats).
@@ -38,6 +38,12 @@ pub struct ConsumerStats {
     pub skipped: AtomicU64,
     /// Offsets stored for commit: messages done.
     pub done: AtomicU64,
+    /// True while a message waits for its dead letter to be written (the dead-letter topic
+    /// refuses it, or the broker is away): its partition, and the consumer with it, make no
+    /// progress. A readiness check should report it; `outbox_consumer_dead_letter_blocked` is
+    /// the same as a gauge, and `outbox_consumer_dead_letter_failures_total` counts the
+    /// failed writes by topic and code.
+    pub dead_letter_blocked: AtomicBool,
 }
 
 impl ConsumerStats {

@@ -1,0 +1,181 @@
+//! A consumer's database refusing connections for 10 s (`ALTER DATABASE … WITH
+//! ALLOW_CONNECTIONS false`, open sessions terminated), with a handler written the usual way:
+//! its own `thiserror` enum with `#[from]` diesel-async's deadpool `PoolError`, a pool with
+//! deadpool's defaults, and the consumer's defaults. New connections fail with `database "…"
+//! is not currently accepting connections` (SQLSTATE 55000), which reaches the handler as the
+//! pool's "Error occurred while creating a new object".
+//!
+//! The promise: that is an outage whatever features the service enabled (only `postgres`,
+//! `async` and `kafka` on `outbox` are needed; nothing here depends on a pool feature): 0
+//! messages dead-lettered, every event applied exactly once.
+
+use std::time::{Duration, Instant};
+
+use diesel::RunQueryDsl;
+use diesel_async::AsyncPgConnection;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::pooled_connection::deadpool::{Pool, PoolError};
+use outbox::kafka::KafkaConsumer;
+use outbox::{Envelope, idempotent};
+
+use crate::conns::*;
+use crate::support::*;
+use crate::through_broker::{bootstrap, n, publisher, topic, unique};
+
+const REFUSED: Duration = Duration::from_secs(10);
+const KEYS: i64 = 10;
+const BATCHES: i64 = 30;
+
+/// A service's error type as `thiserror` writes it.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("pool: {0}")]
+    Pool(#[from] PoolError),
+    #[error("database: {0}")]
+    Db(#[from] diesel::result::Error),
+}
+
+#[idempotent(consumer = "ledger")]
+async fn record(
+    conn: &mut AsyncPgConnection,
+    event: Envelope<OrderCreated>,
+) -> Result<(), LedgerError> {
+    conn.effect(
+        "ledger",
+        &event.inbox_key(),
+        event.order_id,
+        event.total_cents,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Runs `sql` on the server's admin database.
+fn admin(sql: &str) {
+    let mut conn =
+        <diesel::PgConnection as diesel::Connection>::establish(&postgres_admin_url()).unwrap();
+    diesel::sql_query(sql).execute(&mut conn).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_refusing_connections_dead_letters_nothing_through_a_users_thiserror_pool_error()
+{
+    let db = with_effects_async::<AsyncPgConnection>(TestDatabase::postgres("refusing")).await;
+    let name = db.url.rsplit_once('/').unwrap().1.to_owned();
+    let pool: Pool<AsyncPgConnection> =
+        Pool::builder(AsyncDieselConnectionManager::new(db.url.clone()))
+            .max_size(4)
+            .build()
+            .unwrap();
+
+    let topic = topic("db-refusing").await;
+    let consumer = KafkaConsumer::builder()
+        .brokers(bootstrap())
+        .group(unique("db-refusing"))
+        .assign(&topic, 0..3)
+        .handler(move |event: Envelope<OrderCreated>| {
+            let pool = pool.clone();
+            async move {
+                let mut conn = pool.get().await?;
+                record(&mut conn, event).await
+            }
+        })
+        .build()
+        .unwrap();
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let consuming = tokio::spawn(consumer.run(async move {
+        stopped.await.ok();
+    }));
+
+    let publishing = tokio::spawn({
+        let topic = topic.clone();
+        async move {
+            let publisher = publisher(&topic);
+            for batch in 0..BATCHES {
+                let messages: Vec<_> = (0..10)
+                    .map(|i| {
+                        let seq = batch * 10 + i;
+                        claimed(&OrderCreated {
+                            order_id: seq % KEYS,
+                            total_cents: seq / KEYS,
+                        })
+                    })
+                    .collect();
+                let outcomes = outbox::relay::Publisher::publish(&publisher, &messages).await;
+                assert!(
+                    outcomes
+                        .iter()
+                        .all(|o| *o == outbox::relay::Delivery::Published)
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    });
+
+    let joined = Instant::now();
+    while n(&stats.applied) == 0 && joined.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let applied_before = n(&stats.applied);
+    assert!(
+        applied_before > 0,
+        "the consumer applied nothing: {stats:?}"
+    );
+    admin(&format!(
+        "ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false"
+    ));
+    admin(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+    ));
+    tokio::time::sleep(REFUSED).await;
+    let retried = n(&stats.transient_errors);
+    let dead_during = n(&stats.dead_lettered);
+    admin(&format!(
+        "ALTER DATABASE {name} WITH ALLOW_CONNECTIONS true"
+    ));
+    let allowed_at = Instant::now();
+    publishing.await.unwrap();
+
+    let total = (BATCHES * 10) as u64;
+    let done = || n(&stats.applied) + n(&stats.duplicates);
+    while done() < total && n(&stats.dead_lettered) == 0 {
+        assert!(
+            allowed_at.elapsed() < Duration::from_secs(60),
+            "the backlog was not applied within 60 s of the database's return: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let recovered = allowed_at.elapsed();
+    stop.send(()).unwrap();
+    consuming.await.unwrap();
+
+    assert_eq!(
+        (
+            dead_during,
+            n(&stats.dead_lettered),
+            n(&stats.handler_errors)
+        ),
+        (0, 0, 0),
+        "a database refusing connections is an outage, never the message's fault: {stats:?}"
+    );
+    assert!(retried > 0, "the refusal was met: {stats:?}");
+
+    let mut conn = <AsyncPgConnection as AsyncConn>::open(&db).await;
+    assert_eq!(conn.count(COUNT_INBOX).await, total as i64);
+    assert_eq!(
+        conn.count("SELECT COUNT(DISTINCT event_id) AS n FROM effects")
+            .await,
+        total as i64,
+    );
+    assert_eq!(
+        conn.count(COUNT_EFFECTS).await,
+        total as i64,
+        "each event applied exactly once"
+    );
+    eprintln!(
+        "database refusing connections for {REFUSED:?}: {applied_before} events applied \
+         before, {retried} transient failures retried during the refusal, 0 dead-lettered; \
+         the backlog applied {recovered:?} after connections were allowed again"
+    );
+}
