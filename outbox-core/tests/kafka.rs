@@ -608,10 +608,7 @@ fn builder_errors_name_the_bad_setting() {
         ("message.timeout.ms", "0"),
     ] {
         let e = err(base().set(key, value));
-        let KafkaConfigError::Forbidden {
-            key: k, value: v, ..
-        } = &e
-        else {
+        let KafkaConfigError::Forbidden { key: k, .. } = &e else {
             panic!("{e:?}")
         };
         let main = if key == "request.required.acks" {
@@ -619,8 +616,13 @@ fn builder_errors_name_the_bad_setting() {
         } else {
             key
         };
-        assert_eq!((k.as_str(), v.as_str()), (main, value));
+        assert_eq!(k.as_str(), main);
         assert!(e.to_string().contains(&format!("`{main}`")), "{e}");
+        // The key is named, the value never echoed (it might be a secret elsewhere).
+        assert!(
+            !format!("{e} {e:?}").contains(&format!("`{value}`")),
+            "{e:?}"
+        );
     }
 
     let e = err(base().set("delivery.timeout.ms", "ten"));

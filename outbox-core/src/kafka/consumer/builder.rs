@@ -72,6 +72,24 @@ pub struct KafkaConsumerBuilder {
     shutdown_grace: Duration,
 }
 
+/// Shows the settings with secret values (see [`is_secret_key`](crate::redact::is_secret_key))
+/// as `***`, the group and the topics.
+impl std::fmt::Debug for KafkaConsumerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::kafka::builder::Redacted;
+        f.debug_struct("KafkaConsumerBuilder")
+            .field("settings", &Redacted(&self.settings))
+            .field(
+                "dead_letter_settings",
+                &Redacted(&self.dead_letter_settings),
+            )
+            .field("group", &self.group)
+            .field("topics", &self.topics)
+            .field("assignment", &self.assignment)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for KafkaConsumerBuilder {
     fn default() -> Self {
         KafkaConsumerBuilder {
@@ -504,5 +522,26 @@ impl KafkaConsumerBuilder {
                 timeout: Duration::from_secs(10),
             },
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_redacts_secret_settings() {
+        let builder = KafkaConsumerBuilder::default()
+            .brokers("k1:9092")
+            .group("billing")
+            .set("sasl.password", "hunter2-secret")
+            .dead_letter_set("sasl.jaas.config", "password=\"jaas-secret\";");
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("hunter2-secret"), "{shown}");
+        assert!(!shown.contains("jaas-secret"), "{shown}");
+        assert!(
+            shown.contains("billing") && shown.contains("k1:9092"),
+            "{shown}"
+        );
     }
 }
