@@ -124,3 +124,186 @@ pub(crate) fn retention_secs(hours: u64) -> Result<u64, Fatal> {
         ))
     })
 }
+
+/// The librdkafka settings of `outbox relay`, in the order they apply (a later one wins): the
+/// lines of `--kafka-config-file`, then the entries of `OUTBOX_KAFKA_CONFIG`, then each
+/// `--kafka-config`. A malformed entry is refused naming where it is (file and line, variable
+/// and entry, flag and occurrence), never its text: it may be a secret.
+pub(crate) fn kafka_settings(
+    file: Option<&std::path::Path>,
+    env: Option<&str>,
+    flags: &[String],
+) -> Result<Vec<(String, String)>, Fatal> {
+    let mut settings = Vec::new();
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Fatal(format!(
+                "cannot read --kafka-config-file / OUTBOX_KAFKA_CONFIG_FILE {}: {e}",
+                path.display()
+            ))
+        })?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            settings.push(setting(line).ok_or_else(|| {
+                Fatal(format!(
+                    "--kafka-config-file {} line {}: expected `key=value`",
+                    path.display(),
+                    n + 1
+                ))
+            })?);
+        }
+    }
+    if let Some(env) = env {
+        for (n, entry) in config_list(env).into_iter().enumerate() {
+            settings.push(setting(entry).ok_or_else(|| {
+                Fatal(format!(
+                    "OUTBOX_KAFKA_CONFIG entry {}: expected `key=value`",
+                    n + 1
+                ))
+            })?);
+        }
+    }
+    for (n, entry) in flags.iter().enumerate() {
+        settings.push(setting(entry).ok_or_else(|| {
+            Fatal(format!(
+                "--kafka-config occurrence {}: expected `key=value`",
+                n + 1
+            ))
+        })?);
+    }
+    Ok(settings)
+}
+
+/// `key=value`, both trimmed; the key non-empty and without whitespace.
+fn setting(entry: &str) -> Option<(String, String)> {
+    let (key, value) = entry.split_once('=')?;
+    let key = key.trim();
+    (!key.is_empty() && !key.contains(char::is_whitespace))
+        .then(|| (key.to_owned(), value.trim().to_owned()))
+}
+
+/// The entries of an `OUTBOX_KAFKA_CONFIG` list: split at line ends, and at commas followed by
+/// `key=` (a comma followed by anything else belongs to the value, as in
+/// `bootstrap.servers=a:9092,b:9092`). Blank entries are dropped.
+fn config_list(list: &str) -> Vec<&str> {
+    let starts_setting = |rest: &str| {
+        let rest = rest.trim_start();
+        let key_len = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+            .unwrap_or(rest.len());
+        key_len > 0 && rest[key_len..].starts_with('=')
+    };
+    let mut entries = Vec::new();
+    for line in list.lines() {
+        let mut start = 0;
+        for (i, c) in line.char_indices() {
+            if c == ',' && starts_setting(&line[i + 1..]) {
+                entries.push(&line[start..i]);
+                start = i + 1;
+            }
+        }
+        entries.push(&line[start..]);
+    }
+    entries.retain(|e| !e.trim().is_empty());
+    entries
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(v: &[(String, String)]) -> Vec<(&str, &str)> {
+        v.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+    }
+
+    #[test]
+    fn kafka_config_env_splits_entries_but_not_values() {
+        let got = kafka_settings(
+            None,
+            Some("bootstrap.servers=a:9092,b:9092, sasl.username=u\nsasl.password=p,w=x,y"),
+            &[],
+        )
+        .unwrap_or_else(|Fatal(e)| panic!("{e}"));
+        assert_eq!(
+            pairs(&got),
+            [
+                ("bootstrap.servers", "a:9092,b:9092"),
+                ("sasl.username", "u"),
+                ("sasl.password", "p"),
+                ("w", "x,y"),
+            ]
+        );
+    }
+
+    #[test]
+    fn kafka_config_file_then_env_then_flags() {
+        let dir = std::env::temp_dir().join(format!("outbox-kafka-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kafka.properties");
+        std::fs::write(
+            &path,
+            "# the cluster\n\nsasl.password = from-file\nlinger.ms=5\n  # indented comment\nacks=all\n",
+        )
+        .unwrap();
+        let got = kafka_settings(
+            Some(&path),
+            Some("linger.ms=10"),
+            &["linger.ms=20".to_owned()],
+        )
+        .unwrap_or_else(|Fatal(e)| panic!("{e}"));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            pairs(&got),
+            [
+                ("sasl.password", "from-file"),
+                ("linger.ms", "5"),
+                ("acks", "all"),
+                ("linger.ms", "10"),
+                ("linger.ms", "20"),
+            ]
+        );
+    }
+
+    #[test]
+    fn kafka_config_bad_entries_name_their_place_not_their_text() {
+        let dir = std::env::temp_dir().join(format!("outbox-kafka-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kafka.properties");
+        std::fs::write(&path, "linger.ms=5\n# ok\nhunter2-secret\n").unwrap();
+        let Err(Fatal(e)) = kafka_settings(Some(&path), None, &[]) else {
+            panic!("a line without `=` must be refused")
+        };
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            e.contains("line 3") && e.contains("kafka.properties"),
+            "{e}"
+        );
+        assert!(!e.contains("hunter2"), "{e}");
+
+        let Err(Fatal(e)) = kafka_settings(None, Some("acks=all\nhunter2-secret"), &[]) else {
+            panic!("an entry without `=` must be refused")
+        };
+        assert!(
+            e.contains("OUTBOX_KAFKA_CONFIG entry 2") && !e.contains("hunter2"),
+            "{e}"
+        );
+
+        let flags = ["acks=all".to_owned(), "hunter2-secret".to_owned()];
+        let Err(Fatal(e)) = kafka_settings(None, None, &flags) else {
+            panic!("a flag without `=` must be refused")
+        };
+        assert!(
+            e.contains("--kafka-config occurrence 2") && !e.contains("hunter2"),
+            "{e}"
+        );
+
+        let Err(Fatal(e)) = kafka_settings(Some(std::path::Path::new("/nonexistent/k")), None, &[])
+        else {
+            panic!("a missing file must be refused")
+        };
+        assert!(e.contains("/nonexistent/k"), "{e}");
+    }
+}

@@ -124,7 +124,7 @@ pub struct SettleArgs {
 /// `outbox replay`.
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
     #[command(flatten)]
     filter: FilterArgs,
@@ -142,7 +142,7 @@ pub struct ReplayArgs {
 /// `outbox cleanup`.
 #[derive(clap::Args, Debug)]
 pub struct CleanupArgs {
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// Delete published events published longer ago than this (`30d`, `12h`).
     #[arg(long, value_parser = parse_duration)]
@@ -158,7 +158,7 @@ pub struct CleanupArgs {
 /// `outbox partition`.
 #[derive(clap::Args, Debug)]
 pub struct PartitionArgs {
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// Partitions in the ring (2-64).
     #[arg(long, default_value_t = outbox::relay::partitions::DEFAULT_SLOTS)]
