@@ -610,6 +610,39 @@ mod tests {
     }
 
     #[test]
+    fn zero_counts_are_refused_naming_the_flag() {
+        for args in [
+            &["outbox", "dead", "list", "--limit", "0"][..],
+            &[
+                "outbox",
+                "replay",
+                "--database-url",
+                "x.db",
+                "--all",
+                "--batch",
+                "0",
+            ],
+            &[
+                "outbox",
+                "cleanup",
+                "--database-url",
+                "x.db",
+                "--older-than",
+                "1d",
+                "--batch",
+                "0",
+            ],
+        ] {
+            let err = match Cli::try_parse_from(args) {
+                Ok(_) => panic!("{args:?} must be refused"),
+                Err(e) => e.to_string(),
+            };
+            let flag = args[args.len() - 2];
+            assert!(err.contains(flag) && err.contains("at least 1"), "{err}");
+        }
+    }
+
+    #[test]
     fn describe_redacts_every_password() {
         let shown = describe("postgres://app:hunter2@db/app?sslmode=require&password=hunter3");
         assert_eq!(

@@ -125,6 +125,62 @@ pub(crate) fn retention_secs(hours: u64) -> Result<u64, Fatal> {
     })
 }
 
+/// A count that must be at least 1 (`--limit`), for clap: `0` would select nothing and was
+/// read as "no page", so it is refused naming the flag.
+pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a whole number: {e}")),
+    }
+}
+
+/// Rows per statement of `outbox replay` and `outbox cleanup`: 1 to 100,000, the range of the
+/// relay's own retention batch (`RelayConfig::validate`), whose statement `cleanup` runs.
+pub(crate) fn batch_rows(s: &str) -> Result<usize, String> {
+    match at_least_one(s)? {
+        n if n > 100_000 => Err(format!("must be between 1 and 100000, got {n}")),
+        n => Ok(n),
+    }
+}
+
+/// `outbox cleanup --older-than`: at most the relay's retention limit (ten years), so that
+/// `now() - older_than` stays a valid time on every backend (PostgreSQL failed with
+/// "timestamp out of range" beyond a few thousand years).
+pub(crate) fn check_older_than(older_than: std::time::Duration) -> Result<(), Fatal> {
+    let max = outbox::relay::MAX_RETENTION;
+    if older_than > max {
+        return Err(Fatal(format!(
+            "--older-than must be at most {} days (ten years), got {} days",
+            max.as_secs() / 86_400,
+            older_than.as_secs() / 86_400
+        )));
+    }
+    Ok(())
+}
+
+/// `outbox partition`'s ring: `--slots` 2-64, and `--slot-xids` at most what keeps a turn of
+/// the ring (`slots × slot_xids`) within the ring's `bigint` arithmetic (the library's
+/// [`max_slot_xids`](outbox::relay::partitions::max_slot_xids)).
+pub(crate) fn check_ring(slots: u16, slot_xids: u64) -> Result<(), Fatal> {
+    use outbox::relay::partitions::{MAX_RING_XIDS, MAX_SLOTS, MIN_SLOTS, max_slot_xids};
+    in_range(
+        "--slots",
+        u64::from(slots),
+        u64::from(MIN_SLOTS),
+        u64::from(MAX_SLOTS),
+        "",
+    )?;
+    let max = max_slot_xids(slots);
+    if slot_xids == 0 || slot_xids > max {
+        return Err(Fatal(format!(
+            "--slot-xids must be between 1 and {max} with --slots {slots} (--slots × --slot-xids, \
+             a turn of the ring, at most {MAX_RING_XIDS}), got {slot_xids}"
+        )));
+    }
+    Ok(())
+}
+
 /// The librdkafka settings of `outbox relay`, in the order they apply (a later one wins): the
 /// lines of `--kafka-config-file`, then the entries of `OUTBOX_KAFKA_CONFIG`, then each
 /// `--kafka-config`. A malformed entry is refused naming where it is (file and line, variable
@@ -217,6 +273,40 @@ mod tests {
 
     fn pairs(v: &[(String, String)]) -> Vec<(&str, &str)> {
         v.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+    }
+
+    #[test]
+    fn ring_product_must_fit_bigint() {
+        use outbox::relay::partitions::{DEFAULT_SLOT_XIDS, MAX_RING_XIDS};
+        assert!(check_ring(4, DEFAULT_SLOT_XIDS).is_ok());
+        assert!(check_ring(4, MAX_RING_XIDS / 4).is_ok());
+        // Accepted before: its product with --slots overflows bigint.
+        let Err(Fatal(e)) = check_ring(4, i64::MAX as u64) else {
+            panic!("an overflowing ring must be refused")
+        };
+        assert!(e.contains("--slot-xids") && e.contains("--slots"), "{e}");
+        assert!(e.contains(&(MAX_RING_XIDS / 4).to_string()), "{e}");
+        assert!(check_ring(4, MAX_RING_XIDS / 4 + 1).is_err());
+        assert!(check_ring(1, 10).is_err() && check_ring(65, 10).is_err());
+        assert!(check_ring(4, 0).is_err());
+    }
+
+    #[test]
+    fn older_than_at_most_ten_years() {
+        let day = std::time::Duration::from_secs(86_400);
+        assert!(check_older_than(day * 3650).is_ok());
+        let Err(Fatal(e)) = check_older_than(day * 365 * 300_000) else {
+            panic!("300,000 years must be refused")
+        };
+        assert!(e.contains("--older-than"), "{e}");
+    }
+
+    #[test]
+    fn counts_refuse_zero() {
+        assert_eq!(at_least_one("3"), Ok(3));
+        assert!(at_least_one("0").is_err());
+        assert!(batch_rows("100001").is_err());
+        assert_eq!(batch_rows("100000"), Ok(100_000));
     }
 
     #[test]

@@ -190,15 +190,17 @@ impl super::Admin<AsyncPgConnection> {
         slots: u16,
         slot_xids: u64,
     ) -> Result<i64, AdminError> {
-        if !(2..=64).contains(&slots) {
+        use crate::relay::pg::partition::{MAX_RING_XIDS, MAX_SLOTS, MIN_SLOTS, max_slot_xids};
+        if !(MIN_SLOTS..=MAX_SLOTS).contains(&slots) {
             return Err(AdminError::InvalidArgument(format!(
-                "slots must be between 2 and 64, got {slots}"
+                "slots must be between {MIN_SLOTS} and {MAX_SLOTS}, got {slots}"
             )));
         }
-        if slot_xids == 0 || i64::try_from(slot_xids).is_err() {
+        let max = max_slot_xids(slots);
+        if slot_xids == 0 || slot_xids > max {
             return Err(AdminError::InvalidArgument(format!(
-                "slot_xids must be between 1 and {}, got {slot_xids}",
-                i64::MAX
+                "slot_xids must be between 1 and {max} with {slots} slots (a turn of the ring, \
+                 slots × slot_xids, at most {MAX_RING_XIDS}), got {slot_xids}"
             )));
         }
         db(
