@@ -221,7 +221,7 @@ pub const MAX_IN_FLIGHT: usize = 64;
 /// (a dead relay's work would wait that long) and would approach the limits of the stores:
 /// PostgreSQL's `statement_timeout` (which the store keeps at a third of the lease) takes at most
 /// `i32::MAX` ms (about 24.8 days), and `now() + lease` must stay a valid time everywhere.
-pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_LEASE: Duration = crate::backoff::MAX_DELAY;
 
 /// The longest poll interval: one hour.
 pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
@@ -229,47 +229,6 @@ pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
 /// The longest retention: ten years, so that `now() - keep` is a valid time on every backend
 /// (MySQL's `DATETIME` starts at the year 1000, SQLite's date functions at year 0).
 pub const MAX_RETENTION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
-
-impl Backoff {
-    /// Checks this backoff; `name` prefixes the error (`"backoff"`, `"outage_backoff"`).
-    fn validate(&self, name: &str) -> Result<(), ConfigError> {
-        if self.initial.is_zero() || self.initial > MAX_LEASE {
-            return Err(ConfigError::new(
-                format!("{name}.initial"),
-                format!(
-                    "{name}.initial must be between 1 ms and {MAX_LEASE:?}, got {:?}",
-                    self.initial
-                ),
-            ));
-        }
-        if self.max < self.initial || self.max > MAX_LEASE {
-            return Err(ConfigError::new(
-                format!("{name}.max"),
-                format!(
-                    "{name}.max must be between {name}.initial ({:?}) and {MAX_LEASE:?}, got {:?}",
-                    self.initial, self.max
-                ),
-            ));
-        }
-        // `!(x >= 1.0)` also refuses NaN.
-        if !(self.multiplier >= 1.0 && self.multiplier <= 1_000.0) {
-            return Err(ConfigError::new(
-                format!("{name}.multiplier"),
-                format!(
-                    "{name}.multiplier must be between 1 and 1000, got {}",
-                    self.multiplier
-                ),
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(ConfigError::new(
-                format!("{name}.jitter"),
-                format!("{name}.jitter must be between 0 and 1, got {}", self.jitter),
-            ));
-        }
-        Ok(())
-    }
-}
 
 impl RelayConfig {
     /// Checks every setting against its range and against the others; the error is one line
@@ -362,8 +321,14 @@ impl RelayConfig {
                 format!("session_check ({every:?}) must be at least 10 ms (each check is a query)"),
             ));
         }
-        self.backoff.validate("backoff")?;
-        self.outage_backoff.validate("outage_backoff")?;
+        for (backoff, name) in [
+            (&self.backoff, "backoff"),
+            (&self.outage_backoff, "outage_backoff"),
+        ] {
+            backoff
+                .validate(name)
+                .map_err(|e| ConfigError::new(e.setting(), e.to_string()))?;
+        }
         if let Some(r) = &self.retention {
             if r.keep < Duration::from_secs(1) || r.keep > MAX_RETENTION {
                 return Err(ConfigError::new(

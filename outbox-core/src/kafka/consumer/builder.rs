@@ -281,7 +281,8 @@ impl KafkaConsumerBuilder {
 
     /// The wait between attempts after a permanent failure (default
     /// [`DEFAULT_RETRY_BACKOFF`]). The partitions are paused and the consumer polled meanwhile,
-    /// so the waits may add up to any length.
+    /// so the waits may add up to any length. [`build`](Self::build) refuses a backoff that
+    /// [`Backoff::validate`] refuses, naming `retry_backoff.<field>`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -302,7 +303,8 @@ impl KafkaConsumerBuilder {
     /// The wait between attempts after a transient failure, an outage (default
     /// [`DEFAULT_OUTAGE_BACKOFF`]: 100 ms doubling to 2 s). The message is retried for as long
     /// as the outage lasts, its partitions paused and the consumer polled; `max` bounds how
-    /// long after the outage's end the consumer goes on.
+    /// long after the outage's end the consumer goes on. [`build`](Self::build) refuses a
+    /// backoff that [`Backoff::validate`] refuses, naming `outage_backoff.<field>`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -495,6 +497,14 @@ impl KafkaConsumerBuilder {
         }
         if self.max_attempts == 0 {
             return Err(invalid("max_attempts", "at least 1 attempt".into()));
+        }
+        for (backoff, name) in [
+            (&self.backoff, "retry_backoff"),
+            (&self.outage_backoff, "outage_backoff"),
+        ] {
+            backoff
+                .validate(name)
+                .map_err(|e| invalid(e.setting(), e.reason().to_owned()))?;
         }
 
         let (consumer, producer) = clients(self.settings, &self.dead_letter_settings, &group)?;
