@@ -643,6 +643,37 @@ mod tests {
     }
 
     #[test]
+    fn relay_ids_with_edge_whitespace_are_refused() {
+        for (id, why) in [
+            ("relay-1 ", "whitespace"),
+            (" relay-1", "whitespace"),
+            ("relay\u{7}1", "control"),
+        ] {
+            let cli = Cli::try_parse_from([
+                "outbox",
+                "relay",
+                "--database-url",
+                "x.db",
+                "--brokers",
+                "k:9092",
+                "--relay-id",
+                id,
+            ])
+            .unwrap_or_else(|e| panic!("{e}"));
+            let Command::Relay(args) = cli.command else {
+                unreachable!()
+            };
+            let Err(Fatal(e)) = inputs::check_relay_args(&args) else {
+                panic!("{id:?} must be refused")
+            };
+            assert!(
+                e.starts_with("--relay-id / OUTBOX_RELAY_ID") && e.contains(why),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn describe_redacts_every_password() {
         let shown = describe("postgres://app:hunter2@db/app?sslmode=require&password=hunter3");
         assert_eq!(

@@ -247,14 +247,8 @@ impl RelayConfig {
     /// assert_eq!(err.to_string(), "backoff.jitter must be between 0 and 1, got 1.5");
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.relay_id.trim().is_empty() || self.relay_id.len() > 200 {
-            return Err(ConfigError::new(
-                "relay_id",
-                format!(
-                    "relay_id must be 1 to 200 characters, got {}",
-                    self.relay_id.len()
-                ),
-            ));
+        if let Err(reason) = check_relay_id(&self.relay_id) {
+            return Err(ConfigError::new("relay_id", format!("relay_id {reason}")));
         }
         if self.batch_size == 0 || self.batch_size > 10_000 {
             return Err(ConfigError::new(
@@ -400,6 +394,37 @@ impl std::fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// Checks a relay id: 1 to 200 bytes, no leading or trailing whitespace and no control
+/// characters; the error is what is wrong, for a message that names the setting as its caller
+/// calls it (`relay_id`, `--relay-id`). Ids are compared by the stores, and MySQL's default
+/// collations ignore trailing spaces (`'a' = 'a '`) while `GET_LOCK` does not: two ids
+/// differing only by a trailing space would pass the duplicate-id guard and yet hold
+/// different locks. The value itself is not quoted back.
+///
+/// ```
+/// use outbox_core::relay::check_relay_id;
+/// assert!(check_relay_id("relay-1").is_ok());
+/// assert_eq!(
+///     check_relay_id("relay-1 ").unwrap_err(),
+///     "must not start or end with whitespace"
+/// );
+/// ```
+pub fn check_relay_id(id: &str) -> Result<(), String> {
+    if id.trim().is_empty() || id.len() > 200 {
+        return Err(format!("must be 1 to 200 characters, got {}", id.len()));
+    }
+    if id.trim() != id {
+        return Err("must not start or end with whitespace".to_owned());
+    }
+    if let Some(c) = id.chars().find(|c| c.is_control()) {
+        return Err(format!(
+            "must not contain control characters, found U+{:04X}",
+            u32::from(c)
+        ));
+    }
+    Ok(())
+}
 
 /// `host-pid-random`: a fresh id on every call, readable in `locked_by` and `outbox status`.
 /// Use it for each relay of a process that runs several (see [`RelayConfig::relay_id`]).

@@ -106,12 +106,9 @@ pub(crate) fn check_relay_args(args: &RelayArgs) -> Result<(), Fatal> {
         )?;
     }
     if let Some(id) = &args.relay_id
-        && (id.trim().is_empty() || id.len() > 200)
+        && let Err(reason) = outbox::relay::check_relay_id(id)
     {
-        return Err(Fatal(format!(
-            "--relay-id / OUTBOX_RELAY_ID must be 1 to 200 characters, got {} characters",
-            id.len()
-        )));
+        return Err(Fatal(format!("--relay-id / OUTBOX_RELAY_ID {reason}")));
     }
     Ok(())
 }
