@@ -2,6 +2,12 @@
 //! (the process is alive) and `/readyz` (it reached its database and its broker within the
 //! last lease, and is not waiting for the broker), on a small HTTP/1.1 listener of its own.
 //! Also samples the backlog gauges every [`SAMPLE_EVERY`] with one `Admin::status` query.
+//!
+//! The listener is bounded so that it cannot starve the relay of file descriptors or CPU: at
+//! most [`MAX_CONNECTIONS`] connections at once (more wait in the kernel's backlog), each
+//! closed after [`CONNECTION_TIMEOUT`] however slowly its client reads or writes, and after a
+//! failed `accept` (e.g. the process is out of file descriptors) it waits 100 ms, doubling up
+//! to 5 s, instead of retrying at once in a busy loop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,12 +20,19 @@ use outbox::kafka::KafkaPublisher;
 use outbox::relay::RelayStats;
 use outbox::relay::admin::{Admin, AdminConnection};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 
 use super::{Backend, Fatal, sqlite_connection};
 
 /// How often the backlog gauges are sampled: a count over the outbox table, so not per batch.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(10);
+
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// The longest one connection may stay open, from its accept to its last byte.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -102,18 +115,59 @@ pub async fn start(
             upkeep.run_upkeep();
         }
     });
-    tokio::spawn(async move {
-        loop {
-            let Ok((conn, _)) = listener.accept().await else {
-                continue;
-            };
+    tokio::spawn(accept_loop(
+        listener,
+        MAX_CONNECTIONS,
+        CONNECTION_TIMEOUT,
+        move |conn| {
             let probes = probes.clone();
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(5), answer(conn, probes)).await;
-            });
-        }
-    });
+            async move {
+                let _ = answer(conn, probes).await;
+            }
+        },
+    ));
     Ok(())
+}
+
+/// Accepts connections while fewer than `limit` are open, and hands each to `handle`, closed
+/// after `timeout`. A failed accept waits [`accept_backoff`] (logged once per run of failures).
+async fn accept_loop<F, Fut>(listener: TcpListener, limit: usize, timeout: Duration, handle: F)
+where
+    F: Fn(TcpStream) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(limit));
+    let mut failures = 0u32;
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        match listener.accept().await {
+            Ok((conn, _)) => {
+                failures = 0;
+                let answered = handle(conn);
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(timeout, answered).await;
+                    drop(slot);
+                });
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                let wait = accept_backoff(failures);
+                if failures == 1 {
+                    tracing::warn!(error = %e, "metrics endpoint: accepting a connection failed; backing off");
+                }
+                drop(slot);
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+/// The wait after the `failures`-th accept error in a row: 100 ms, doubling, at most 5 s.
+fn accept_backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(6);
+    (Duration::from_millis(100) * (1 << doublings)).min(Duration::from_secs(5))
 }
 
 async fn answer(mut conn: tokio::net::TcpStream, probes: Probes) -> std::io::Result<()> {
@@ -211,5 +265,76 @@ async fn sample<C: AdminConnection>(conn: C) -> String {
             Err(e) => return e.to_string(),
         }
         tokio::time::sleep(SAMPLE_EVERY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads a request (up to its blank line or the client's end) and answers `ok`.
+    async fn ok(mut conn: TcpStream) {
+        let mut buf = [0u8; 1024];
+        let mut seen = Vec::new();
+        while let Ok(n) = conn.read(&mut buf).await {
+            if n == 0 {
+                return;
+            }
+            seen.extend_from_slice(&buf[..n]);
+            if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                let _ = conn.write_all(b"ok").await;
+                return;
+            }
+        }
+    }
+
+    async fn serving(limit: usize, timeout: Duration) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(accept_loop(listener, limit, timeout, ok));
+        addr
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_limit_wait_for_a_free_slot() {
+        let addr = serving(2, Duration::from_secs(60)).await;
+        let idle = TcpStream::connect(addr).await.unwrap();
+        let _idle_too = TcpStream::connect(addr).await.unwrap();
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        third.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut buf = [0u8; 16];
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), third.read(&mut buf))
+                .await
+                .is_err(),
+            "a third connection is not served while two are open"
+        );
+        drop(idle);
+        let n = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf))
+            .await
+            .expect("served once a slot is free")
+            .unwrap();
+        assert_eq!(&buf[..n], b"ok");
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_is_closed_after_the_timeout() {
+        let addr = serving(4, Duration::from_millis(200)).await;
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf))
+            .await
+            .expect("the server closes an idle connection")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn accept_errors_back_off_growing_to_five_seconds() {
+        assert_eq!(accept_backoff(1), Duration::from_millis(100));
+        assert_eq!(accept_backoff(2), Duration::from_millis(200));
+        assert_eq!(accept_backoff(4), Duration::from_millis(800));
+        assert_eq!(accept_backoff(7), Duration::from_secs(5));
+        assert_eq!(accept_backoff(u32::MAX), Duration::from_secs(5));
     }
 }
