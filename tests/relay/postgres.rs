@@ -36,6 +36,37 @@ fn write_one(db: &TestDatabase, order_id: i64) {
     .unwrap();
 }
 
+/// Notifications that arrive while the relay is busy fold into one wake-up: the first wait
+/// after them returns at once, the next waits its whole timeout. They used to queue (without
+/// bound) and each cost a wake-up and an empty claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_while_busy_wake_the_relay_once() {
+    let db = Postgres::database("notify_coalesce");
+    let mut store = outbox::relay::PgRelayStore::new(&db.url);
+    // The first wait opens the LISTEN connection.
+    store.wait_for_work(Duration::from_millis(50)).await;
+    let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
+    for _ in 0..50 {
+        conn.batch_execute("NOTIFY outbox_events").unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await; // the relay is busy meanwhile
+    let start = std::time::Instant::now();
+    store.wait_for_work(Duration::from_secs(10)).await;
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "the notifications wake the relay"
+    );
+    for _ in 0..3 {
+        let start = std::time::Instant::now();
+        store.wait_for_work(Duration::from_millis(300)).await;
+        assert!(
+            start.elapsed() >= Duration::from_millis(250),
+            "50 notifications are one wake-up, not 50: woken after {:?}",
+            start.elapsed()
+        );
+    }
+}
+
 /// With a 30 s poll interval, a writer's NOTIFY wakes the relay at once; without LISTEN the
 /// same event waits for the poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
