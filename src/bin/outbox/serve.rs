@@ -1,7 +1,10 @@
 //! `outbox relay --metrics-addr HOST:PORT`: `/metrics` (Prometheus text format), `/healthz`
 //! (the process is alive) and `/readyz` (it reached its database and its broker within the
 //! last lease, and is not waiting for the broker), on a small HTTP/1.1 listener of its own.
-//! Also samples the backlog gauges every [`SAMPLE_EVERY`] with one `Admin::status` query.
+//! Also samples the backlog gauges every [`SAMPLE_EVERY`] with `Admin::sample` (index lookups
+//! of the pending and dead rows, each statement cancelled after [`SAMPLE_TIMEOUT`]) on a
+//! connection of its own: a slow or failed sample is logged once and skipped, and never holds
+//! up the relay.
 //!
 //! The listener is bounded so that it cannot starve the relay of file descriptors or CPU: at
 //! most [`MAX_CONNECTIONS`] connections at once (more wait in the kernel's backlog), each
@@ -25,8 +28,12 @@ use tokio::sync::Semaphore;
 
 use super::{Backend, Fatal, sqlite_connection};
 
-/// How often the backlog gauges are sampled: a count over the outbox table, so not per batch.
+/// How often the backlog gauges are sampled: counts of the pending and dead rows, so not per
+/// batch.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(10);
+
+/// How long one statement of a sample may run before the database cancels it.
+pub const SAMPLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -215,34 +222,46 @@ async fn answer(mut conn: tokio::net::TcpStream, probes: Probes) -> std::io::Res
 }
 
 /// Samples the backlog gauges every [`SAMPLE_EVERY`] over a connection of its own
-/// (reconnecting after errors).
+/// (reconnecting after errors). A run of failures (a timed-out sample, a lost connection) is
+/// logged once, when it starts, and once more when sampling works again; the gauges keep
+/// their last values meanwhile.
 async fn sample_backlog(backend: Backend, url: String) {
+    let mut failing = false;
     loop {
         let error = match backend {
             Backend::Postgres => match diesel_async::AsyncPgConnection::establish(&url).await {
-                Ok(c) => sample(c).await,
+                Ok(c) => sample(c, &mut failing).await,
                 Err(e) => e.to_string(),
             },
             Backend::Mysql => match diesel_async::AsyncMysqlConnection::establish(&url).await {
-                Ok(c) => sample(c).await,
+                Ok(c) => sample(c, &mut failing).await,
                 Err(e) => e.to_string(),
             },
             Backend::Sqlite => match sqlite_connection(&url).await {
-                Ok(c) => sample(c).await,
+                Ok(c) => sample(c, &mut failing).await,
                 Err(Fatal(e)) => e,
             },
         };
-        tracing::warn!(error = %error, "sampling the backlog failed; trying again");
+        if !failing {
+            failing = true;
+            tracing::warn!(
+                error = %error,
+                "sampling the backlog gauges failed; skipping samples until it works again"
+            );
+        }
         tokio::time::sleep(SAMPLE_EVERY).await;
     }
 }
 
 /// Samples until an error, which it returns.
-async fn sample<C: AdminConnection>(conn: C) -> String {
+async fn sample<C: AdminConnection>(conn: C, failing: &mut bool) -> String {
     let mut admin = Admin::new(conn);
     loop {
-        match admin.status().await {
+        match admin.sample(SAMPLE_TIMEOUT).await {
             Ok(s) => {
+                if std::mem::take(failing) {
+                    tracing::info!("sampling the backlog gauges works again");
+                }
                 metrics::gauge!("outbox_relay_backlog").set(s.pending as f64);
                 metrics::gauge!("outbox_relay_oldest_pending_age_seconds")
                     .set(s.oldest_pending_age_seconds.unwrap_or(0.0));

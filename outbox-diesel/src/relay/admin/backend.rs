@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::types::{AdminError, DeadLetter, Filter, Status};
+use super::types::{AdminError, DeadLetter, Filter, Sample, Status};
 
 mod sealed {
     pub trait Sealed {}
@@ -18,6 +18,12 @@ pub(crate) use sealed::Sealed;
 pub trait AdminConnection: Sealed + Send {
     #[doc(hidden)]
     fn admin_status(&mut self) -> impl Future<Output = Result<Status, AdminError>> + Send;
+    /// The gauges' figures, each statement limited to `timeout`.
+    #[doc(hidden)]
+    fn admin_sample(
+        &mut self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Sample, AdminError>> + Send;
     #[doc(hidden)]
     fn admin_dead(
         &mut self,
@@ -359,6 +365,10 @@ macro_rules! admin_connection {
                     leader.into_iter().next().map(|l| l.holder),
                     stream,
                 )
+            }
+
+            async fn admin_sample(&mut self, timeout: Duration) -> Result<Sample, AdminError> {
+                sample(self, timeout).await
             }
 
             async fn admin_dead(

@@ -14,7 +14,7 @@ use super::backend::server::{clock, stamp};
 use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
 use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
-    Status, StreamRow, db,
+    Sample, Status, StreamRow, db,
 };
 use crate::relay::pg::cleanup_query;
 
@@ -161,6 +161,45 @@ async fn rotate(
 }
 
 admin_connection!(AsyncPgConnection);
+
+/// The sample's counts (a `CountsRow` without `in_flight`, `retrying` and `published`, which
+/// need the whole table): pending and dead through their partial indexes
+/// (`outbox_events_pending`, `outbox_events_dead_aggregate`), the oldest pending as the
+/// lowest pending `seq` (one index entry).
+const SAMPLE: &str = concat!(
+    "SELECT \
+     (SELECT count(*) FROM outbox_events WHERE published_at IS NULL AND dead_at IS NULL) AS pending, \
+     0::int8 AS in_flight, 0::int8 AS retrying, \
+     (SELECT count(*) FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL) AS dead, \
+     0::int8 AS published, o.oldest_pending, o.oldest_pending_age \
+     FROM (SELECT 1) one LEFT JOIN (SELECT ",
+    time!("created_at"),
+    " AS oldest_pending, EXTRACT(EPOCH FROM now() - created_at)::float8 AS oldest_pending_age \
+         FROM outbox_events WHERE published_at IS NULL AND dead_at IS NULL \
+         ORDER BY seq LIMIT 1) o ON true"
+);
+
+/// [`Admin::sample`](super::Admin::sample) on PostgreSQL: one read-only transaction with
+/// `SET LOCAL statement_timeout` (so nothing outlives it, and a pooler in transaction mode
+/// sees no session state).
+async fn sample(conn: &mut AsyncPgConnection, timeout: Duration) -> Result<Sample, AdminError> {
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
+    let r = diesel_async::AsyncConnection::transaction(conn, async |c| {
+        diesel::sql_query(format!("SET LOCAL statement_timeout = {ms}"))
+            .execute(c)
+            .await?;
+        let counts: CountsRow = diesel::sql_query(SAMPLE).get_result(c).await?;
+        let blocked: NRow = diesel::sql_query(BLOCKED).get_result(c).await?;
+        let stream: Option<StreamRow> = match STREAM {
+            Some(sql) => Some(diesel::sql_query(sql).get_result(c).await?),
+            None => None,
+        };
+        Ok::<_, diesel::result::Error>((counts, blocked.n, stream))
+    })
+    .await;
+    let (counts, blocked, stream) = db("sample the backlog", r)?;
+    types::sample(counts, blocked, stream)
+}
 
 impl super::Admin<AsyncPgConnection> {
     /// Converts `outbox_events` into a ring of `slots` partitions of `slot_xids` transaction
