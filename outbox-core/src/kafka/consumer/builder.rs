@@ -76,7 +76,7 @@ pub struct KafkaConsumerBuilder {
 /// as `***`, the group and the topics.
 impl std::fmt::Debug for KafkaConsumerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use crate::kafka::builder::Redacted;
+        use crate::kafka::secrets::Redacted;
         f.debug_struct("KafkaConsumerBuilder")
             .field("settings", &Redacted(&self.settings))
             .field(

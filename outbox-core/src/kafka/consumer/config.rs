@@ -10,7 +10,7 @@ use super::context::{DeadLetterProducer, Inner, LogContext, RuntimeContext};
 use crate::kafka::log::LogLimiter;
 
 use crate::kafka::KafkaConfigError;
-use crate::kafka::builder::{config_error, secret_values};
+use crate::kafka::secrets::{config_error, secret_values};
 
 /// Consumer settings applied before the user's.
 pub(super) const DEFAULTS: [(&str, &str); 7] = [

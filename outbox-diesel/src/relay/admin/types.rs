@@ -176,6 +176,7 @@ impl From<Status> for Sample {
 
 /// A [`Sample`] from the sample's counts (a [`CountsRow`] whose `in_flight`, `retrying` and
 /// `published` are not counted), the blocked aggregates and stream mode's row.
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 pub(crate) fn sample(
     counts: CountsRow,
     blocked: i64,
