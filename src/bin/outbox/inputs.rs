@@ -9,8 +9,9 @@
 
 use super::{Fatal, RelayArgs};
 
-/// A day in milliseconds: the longest lease, message timeout and retry delay.
-const DAY_MS: u64 = 86_400_000;
+/// A day in milliseconds: the longest lease, message timeout and retry delay (the library's
+/// `MAX_LEASE`, which is also the longest backoff delay).
+const DAY_MS: u64 = outbox::relay::MAX_LEASE.as_millis() as u64;
 
 /// `--flag / ENV must be between min and max unit, got value`, unless `value` is in range.
 fn in_range(flag_env: &str, value: u64, min: u64, max: u64, unit: &str) -> Result<(), Fatal> {
