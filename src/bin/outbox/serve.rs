@@ -226,7 +226,7 @@ async fn answer(mut conn: tokio::net::TcpStream, probes: Probes) -> std::io::Res
 /// logged once, when it starts, and once more when sampling works again; the gauges keep
 /// their last values meanwhile.
 async fn sample_backlog(backend: Backend, url: String) {
-    let mut failing = false;
+    let mut failing = Streak::default();
     loop {
         let error = match backend {
             Backend::Postgres => match diesel_async::AsyncPgConnection::establish(&url).await {
@@ -242,8 +242,7 @@ async fn sample_backlog(backend: Backend, url: String) {
                 Err(Fatal(e)) => e,
             },
         };
-        if !failing {
-            failing = true;
+        if failing.failed() {
             tracing::warn!(
                 error = %error,
                 "sampling the backlog gauges failed; skipping samples until it works again"
@@ -253,13 +252,31 @@ async fn sample_backlog(backend: Backend, url: String) {
     }
 }
 
+/// A run of failed samples: logged when it starts and when it ends, not at every sample.
+#[derive(Debug, Default)]
+struct Streak {
+    failing: bool,
+}
+
+impl Streak {
+    /// Records a failure; `true` if it starts a run (log it).
+    fn failed(&mut self) -> bool {
+        !std::mem::replace(&mut self.failing, true)
+    }
+
+    /// Records a success; `true` if it ends a run (log that).
+    fn succeeded(&mut self) -> bool {
+        std::mem::take(&mut self.failing)
+    }
+}
+
 /// Samples until an error, which it returns.
-async fn sample<C: AdminConnection>(conn: C, failing: &mut bool) -> String {
+async fn sample<C: AdminConnection>(conn: C, failing: &mut Streak) -> String {
     let mut admin = Admin::new(conn);
     loop {
         match admin.sample(SAMPLE_TIMEOUT).await {
             Ok(s) => {
-                if std::mem::take(failing) {
+                if failing.succeeded() {
                     tracing::info!("sampling the backlog gauges works again");
                 }
                 metrics::gauge!("outbox_relay_backlog").set(s.pending as f64);
@@ -346,6 +363,19 @@ mod tests {
             .expect("the server closes an idle connection")
             .unwrap_or(0);
         assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn a_run_of_failed_samples_is_logged_once() {
+        let mut streak = Streak::default();
+        assert!(streak.failed(), "the first failure is logged");
+        assert!(
+            !streak.failed() && !streak.failed(),
+            "the next ones are not"
+        );
+        assert!(streak.succeeded(), "the recovery is logged");
+        assert!(!streak.succeeded());
+        assert!(streak.failed(), "a new run is logged again");
     }
 
     #[test]
