@@ -103,6 +103,8 @@ pub use outbox_core::{
 
 pub use outbox_core::claim_check;
 
+pub use outbox_core::redact;
+
 pub use outbox_diesel::{
     Error, INBOX_TABLE, OUTBOX_TABLE, OutboxBackend, OutboxConnection, OutboxTx, PendingEvents,
     publish, publish_with_headers,

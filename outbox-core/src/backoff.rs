@@ -6,6 +6,10 @@ use std::time::Duration;
 
 /// Exponential backoff with jitter: attempt `n` waits `initial * multiplier^(n-1)`, at most
 /// `max`, scaled by a random factor in `1 ± jitter`.
+///
+/// The relay's configuration and the Kafka consumer's builder refuse a backoff that
+/// [`validate`](Self::validate) refuses (a NaN jitter would make every wait zero, a multiplier
+/// below 1 would shrink them).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backoff {
     /// The wait after the first failure.
@@ -18,7 +22,111 @@ pub struct Backoff {
     pub jitter: f64,
 }
 
+/// The longest `initial` and `max` a [`Backoff`] may have: one day (longer waits gain nothing
+/// and would approach the limits of timers and SQL intervals).
+pub const MAX_DELAY: Duration = Duration::from_secs(24 * 3600);
+
+/// The largest `multiplier` a [`Backoff`] may have.
+pub const MAX_MULTIPLIER: f64 = 1_000.0;
+
+/// A [`Backoff`] setting out of its range, from [`Backoff::validate`]: which setting (as a
+/// field path, e.g. `"retry_backoff.jitter"`), and why.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_core::backoff::Backoff;
+/// let backoff = Backoff { jitter: f64::NAN, ..Backoff::default() };
+/// let err = backoff.validate("retry_backoff").unwrap_err();
+/// assert_eq!(err.setting(), "retry_backoff.jitter");
+/// assert_eq!(err.to_string(), "retry_backoff.jitter must be between 0 and 1, got NaN");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackoffError {
+    setting: String,
+    reason: String,
+}
+
+impl BackoffError {
+    fn new(name: &str, field: &str, reason: String) -> Self {
+        BackoffError {
+            setting: format!("{name}.{field}"),
+            reason,
+        }
+    }
+
+    /// The setting at fault: the name given to [`Backoff::validate`], a dot and the field.
+    pub fn setting(&self) -> &str {
+        &self.setting
+    }
+
+    /// What is wrong with it, e.g. `must be between 0 and 1, got NaN`.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl std::fmt::Display for BackoffError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.setting, self.reason)
+    }
+}
+
+impl std::error::Error for BackoffError {}
+
 impl Backoff {
+    /// Checks every field: `initial` between 1 ms and [`MAX_DELAY`], `max` between `initial`
+    /// and [`MAX_DELAY`], `multiplier` finite and between 1 and [`MAX_MULTIPLIER`], `jitter`
+    /// finite and between 0 and 1. `name` names the backoff in the error (`"backoff"`,
+    /// `"retry_backoff"`, ...).
+    ///
+    /// ```
+    /// use outbox_core::backoff::Backoff;
+    /// assert!(Backoff::default().validate("backoff").is_ok());
+    /// let shrinking = Backoff { multiplier: -2.0, ..Backoff::default() };
+    /// assert_eq!(shrinking.validate("backoff").unwrap_err().setting(), "backoff.multiplier");
+    /// ```
+    pub fn validate(&self, name: &str) -> Result<(), BackoffError> {
+        if self.initial < Duration::from_millis(1) || self.initial > MAX_DELAY {
+            return Err(BackoffError::new(
+                name,
+                "initial",
+                format!(
+                    "must be between 1 ms and {MAX_DELAY:?}, got {:?}",
+                    self.initial
+                ),
+            ));
+        }
+        if self.max < self.initial || self.max > MAX_DELAY {
+            return Err(BackoffError::new(
+                name,
+                "max",
+                format!(
+                    "must be between {name}.initial ({:?}) and {MAX_DELAY:?}, got {:?}",
+                    self.initial, self.max
+                ),
+            ));
+        }
+        // `!(x >= 1.0)` also refuses NaN.
+        if !(self.multiplier >= 1.0 && self.multiplier <= MAX_MULTIPLIER) {
+            return Err(BackoffError::new(
+                name,
+                "multiplier",
+                format!(
+                    "must be between 1 and {MAX_MULTIPLIER}, got {}",
+                    self.multiplier
+                ),
+            ));
+        }
+        if !(self.jitter >= 0.0 && self.jitter <= 1.0) {
+            return Err(BackoffError::new(
+                name,
+                "jitter",
+                format!("must be between 0 and 1, got {}", self.jitter),
+            ));
+        }
+        Ok(())
+    }
+
     /// The wait after `attempt` failures (1-based), with `unit` a random number in `0..1`.
     pub fn delay(&self, attempt: u32, unit: f64) -> Duration {
         let exp = self
@@ -37,6 +145,90 @@ impl Default for Backoff {
             max: Duration::from_secs(300),
             multiplier: 2.0,
             jitter: 0.2,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_validate_refuses_each_bad_field() {
+        let ok = Backoff::default();
+        assert_eq!(ok.validate("b"), Ok(()));
+        let cases = [
+            (
+                Backoff {
+                    jitter: f64::NAN,
+                    ..ok
+                },
+                "b.jitter",
+            ),
+            (
+                Backoff {
+                    jitter: f64::INFINITY,
+                    ..ok
+                },
+                "b.jitter",
+            ),
+            (Backoff { jitter: -0.1, ..ok }, "b.jitter"),
+            (Backoff { jitter: 1.5, ..ok }, "b.jitter"),
+            (
+                Backoff {
+                    multiplier: -2.0,
+                    ..ok
+                },
+                "b.multiplier",
+            ),
+            (
+                Backoff {
+                    multiplier: 0.5,
+                    ..ok
+                },
+                "b.multiplier",
+            ),
+            (
+                Backoff {
+                    multiplier: f64::NAN,
+                    ..ok
+                },
+                "b.multiplier",
+            ),
+            (
+                Backoff {
+                    multiplier: f64::INFINITY,
+                    ..ok
+                },
+                "b.multiplier",
+            ),
+            (
+                Backoff {
+                    initial: Duration::ZERO,
+                    ..ok
+                },
+                "b.initial",
+            ),
+            (
+                Backoff {
+                    initial: ok.max * 2,
+                    ..ok
+                },
+                "b.max",
+            ),
+            (
+                Backoff {
+                    initial: MAX_DELAY * 2,
+                    max: MAX_DELAY * 2,
+                    ..ok
+                },
+                "b.initial",
+            ),
+        ];
+        for (backoff, setting) in cases {
+            let err = backoff.validate("b").unwrap_err();
+            assert_eq!(err.setting(), setting, "{backoff:?}");
+            assert!(err.to_string().starts_with(setting), "{err}");
         }
     }
 }

@@ -87,7 +87,9 @@ impl ClaimCheck {
 }
 
 /// A [`BodyStore`] in a directory (a shared volume): one file per body, written to a temporary
-/// name and renamed, so a reader never sees half a body.
+/// name and renamed, so a reader never sees half a body. `put` returns only once the body is
+/// durable: the file is fsynced before the rename and the directory after it, so a host crash
+/// right after the event's transaction commits cannot leave the event without its body.
 #[derive(Debug, Clone)]
 pub struct DirStore {
     dir: PathBuf,
@@ -114,10 +116,23 @@ impl DirStore {
 
 impl BodyStore for DirStore {
     fn put(&mut self, key: &str, body: &[u8]) -> Result<(), BoxError> {
+        use std::io::Write;
         let path = self.path(key)?;
         let tmp = self.dir.join(format!(".{key}.tmp"));
-        std::fs::write(&tmp, body)?;
-        std::fs::rename(&tmp, &path)?;
+        let written = (|| {
+            let mut file = std::fs::File::create(&tmp)?;
+            file.write_all(body)?;
+            // The data must be on disk before the rename can make it visible.
+            sync(&file, Synced::File)?;
+            drop(file);
+            std::fs::rename(&tmp, &path)
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e.into());
+        }
+        // The rename is an entry of the directory: durable once the directory is synced.
+        sync_dir(&self.dir)?;
         Ok(())
     }
 
@@ -128,6 +143,37 @@ impl BodyStore for DirStore {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// What [`sync`] made durable (recorded in tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Synced {
+    File,
+    Dir,
+}
+
+#[cfg(test)]
+thread_local! {
+    static SYNCED: std::cell::RefCell<Vec<Synced>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `fsync` of a body file or of the store's directory.
+fn sync(file: &std::fs::File, what: Synced) -> std::io::Result<()> {
+    file.sync_all()?;
+    #[cfg(test)]
+    SYNCED.with(|s| s.borrow_mut().push(what));
+    let _ = what;
+    Ok(())
+}
+
+/// Syncs `dir`'s entries (Unix; elsewhere a directory cannot be opened to sync it, and a
+/// rename is made durable by the file system itself, as on NTFS).
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    sync(&std::fs::File::open(dir)?, Synced::Dir)?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
 }
 
 fn fnv1a64_hex(bytes: &[u8]) -> String {
@@ -146,6 +192,25 @@ mod tests {
     fn store() -> (DirStore, PathBuf) {
         let dir = std::env::temp_dir().join(format!("claim-test-{}", uuid::Uuid::now_v7()));
         (DirStore::new(&dir).unwrap(), dir)
+    }
+
+    #[test]
+    fn put_syncs_the_body_then_the_directory() {
+        let (mut s, dir) = store();
+        SYNCED.with(|synced| synced.borrow_mut().clear());
+        s.put("0001", b"body").unwrap();
+        let synced = SYNCED.with(|synced| synced.borrow().clone());
+        #[cfg(unix)]
+        assert_eq!(synced, [Synced::File, Synced::Dir]);
+        #[cfg(not(unix))]
+        assert_eq!(synced, [Synced::File]);
+        assert_eq!(std::fs::read(dir.join("0001")).unwrap(), b"body");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["0001"], "no temporary file is left");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

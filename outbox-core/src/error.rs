@@ -38,7 +38,9 @@ pub enum EventError {
     PayloadTooLarge {
         /// The event type whose payload is too large.
         event_type: String,
-        /// The payload's size in bytes (JSON text).
+        /// The event's size in bytes as a Kafka producer counts it
+        /// ([`NewMessage::record_size`](crate::NewMessage::record_size): payload, key, headers
+        /// and framing).
         size: usize,
         /// The limit it exceeds, in bytes.
         limit: usize,
@@ -67,8 +69,8 @@ impl fmt::Display for EventError {
                 limit,
             } => write!(
                 f,
-                "the payload of event `{event_type}` is {size} bytes, over the limit of {limit} \
-                 bytes: publish a claim check (a reference to the body stored elsewhere) or \
+                "event `{event_type}` is {size} bytes with its key and headers, over the limit \
+                 of {limit} bytes: publish a claim check (a reference to the body stored elsewhere) or \
                  raise the limit; nothing was written"
             ),
             EventError::ClaimCheck { key, reason } => write!(f, "claim check `{key}`: {reason}"),

@@ -24,6 +24,7 @@ mod message;
 pub mod otel;
 mod outcome;
 mod private;
+pub mod redact;
 #[cfg(feature = "relay")]
 #[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
 pub mod relay;

@@ -775,6 +775,34 @@ async fn configuration_mistakes_are_refused_by_name() {
     );
     assert!(message(base().handler(ok).assign("t", [0])).starts_with("invalid `assign`"));
     assert!(message(base().handler(ok).max_attempts(0)).starts_with("invalid `max_attempts`"));
+    // A NaN jitter made every wait zero, a negative multiplier shrank them: both were taken.
+    let sane = Backoff {
+        initial: Duration::from_millis(10),
+        max: Duration::from_secs(1),
+        multiplier: 2.0,
+        jitter: 0.2,
+    };
+    assert_eq!(
+        message(base().handler(ok).retry_backoff(Backoff {
+            jitter: f64::NAN,
+            ..sane
+        })),
+        "invalid `retry_backoff.jitter`: must be between 0 and 1, got NaN"
+    );
+    assert_eq!(
+        message(base().handler(ok).outage_backoff(Backoff {
+            multiplier: -2.0,
+            ..sane
+        })),
+        "invalid `outage_backoff.multiplier`: must be between 1 and 1000, got -2"
+    );
+    assert!(
+        message(base().handler(ok).retry_backoff(Backoff {
+            initial: Duration::from_secs(2),
+            ..sane
+        }))
+        .starts_with("invalid `retry_backoff.max`")
+    );
     assert!(
         message(base().handler(ok).set("enable.auto.offset.store", "true"))
             .contains("the consumer stores an offset only once its message is done")

@@ -166,9 +166,10 @@ impl<'c, C> OutboxTx<'c, C> {
         self.headers.insert(name.into(), value.into());
     }
 
-    /// Sets the payload limit, in bytes, for the events published after this call in this
+    /// Sets the size limit, in bytes, for the events published after this call in this
     /// transaction (instead of the process-wide `outbox::max_payload_bytes()`, by default
-    /// `DEFAULT_MAX_PAYLOAD_BYTES`, 1,000,000). A larger payload fails its `publish` with
+    /// `DEFAULT_MAX_PAYLOAD_BYTES`, 1,000,000). An event larger as the Kafka producer counts it
+    /// (`NewMessage::record_size`: payload, key, headers, framing) fails its `publish` with
     /// `Error::Event(EventError::PayloadTooLarge)`, naming the event type, the size and the limit.
     ///
     /// ```

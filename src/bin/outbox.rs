@@ -11,8 +11,9 @@
 //! ```
 //! Every flag can also come from the environment (`DATABASE_URL`, `KAFKA_BROKERS`,
 //! `OUTBOX_MODE`, ...: see `outbox relay --help`). The URL's scheme picks the backend:
-//! `postgres://` or `postgresql://`, `mysql://`, and anything else is an SQLite file path
-//! (optionally `sqlite://path`).
+//! `postgres://` or `postgresql://`, `mysql://`, `sqlite://path`; without a scheme, a file
+//! path is SQLite, and a libpq keyword string (`host=… dbname=…`) is refused. No password is
+//! ever printed: every URL in a message or log line goes through [`outbox::redact::url`].
 
 #[path = "outbox/inputs.rs"]
 mod inputs;
@@ -47,7 +48,7 @@ struct Cli {
 enum Command {
     /// Create or update the outbox tables.
     Migrate {
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
     /// Publish committed outbox events to Kafka until stopped (SIGINT/SIGTERM: finish the
@@ -56,7 +57,7 @@ enum Command {
     /// Show the backlog, its oldest event, dead letters, in-flight leases, shard owners and
     /// each relay's state (running, waiting_for_broker, standby).
     Status {
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// Print the status as JSON (fields: see `outbox::relay::admin::Status`).
         #[arg(long)]
@@ -64,7 +65,7 @@ enum Command {
     },
     /// Dead letters: list, retry (make pending again) or purge (delete).
     Dead {
-        #[arg(long, env = "DATABASE_URL", global = true)]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
         database_url: Option<String>,
         #[command(subcommand)]
         command: ops::DeadCommand,
@@ -84,7 +85,7 @@ enum Command {
 #[derive(clap::Args)]
 struct RelayArgs {
     /// The database: postgres://…, mysql://… or an SQLite file path.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// Kafka bootstrap servers, `host:port[,host:port…]`.
     #[arg(long, env = "KAFKA_BROKERS")]
@@ -138,9 +139,18 @@ struct RelayArgs {
     /// Prefix for every topic, e.g. `prod.`.
     #[arg(long, env = "OUTBOX_TOPIC_PREFIX")]
     topic_prefix: Option<String>,
-    /// Extra librdkafka producer settings, `key=value`, repeatable.
+    /// Extra librdkafka producer settings, `key=value`, repeatable. They also come from
+    /// OUTBOX_KAFKA_CONFIG (`key=value` entries, one per line or separated by commas; a comma
+    /// followed by anything but `key=` stays in the value, so `bootstrap.servers=a:9092,b:9092`
+    /// is one entry) and from --kafka-config-file. Precedence, later wins: the file, then
+    /// OUTBOX_KAFKA_CONFIG, then these flags. Keep secrets (`sasl.password`, ...) in the file
+    /// or the variable, not on the command line; no setting's value is ever printed.
     #[arg(long = "kafka-config", value_name = "KEY=VALUE")]
     kafka_config: Vec<String>,
+    /// A file of librdkafka producer settings, one `key=value` per line (`#` starts a comment
+    /// line, blank lines are ignored); overridden by OUTBOX_KAFKA_CONFIG and --kafka-config.
+    #[arg(long, env = "OUTBOX_KAFKA_CONFIG_FILE", value_name = "PATH")]
+    kafka_config_file: Option<std::path::PathBuf>,
     /// PostgreSQL: do not LISTEN for writers' notifications; poll only.
     #[arg(long, env = "OUTBOX_NO_LISTEN")]
     no_listen: bool,
@@ -181,7 +191,12 @@ enum Backend {
     Sqlite,
 }
 
-/// The backend a URL names, and the URL to give it.
+/// The backend a URL names, and the URL to give it. The one place that maps a URL to a
+/// backend: `postgres://`/`postgresql://`, `mysql://`/`mariadb://`, `sqlite://` (or `file://`);
+/// without a scheme, SQLite for what looks like a file path (`:memory:`, an existing file, a
+/// name ending in `.db`, `.sqlite` or `.sqlite3`, or anything without `=`), and an error for
+/// the rest: a libpq keyword string (`host=db password=…`) would otherwise become a file of
+/// that name. The errors never quote the URL (it may hold a password).
 fn backend_of(url: &str) -> Result<(Backend, String), Fatal> {
     if url.trim().is_empty() {
         return Err(Fatal(
@@ -198,18 +213,33 @@ fn backend_of(url: &str) -> Result<(Backend, String), Fatal> {
             ))),
         };
     }
+    let lower = url.to_ascii_lowercase();
+    let file_like = url == ":memory:"
+        || [".db", ".sqlite", ".sqlite3"]
+            .iter()
+            .any(|ext| lower.ends_with(ext))
+        || std::path::Path::new(url).is_file();
+    if !file_like && url.contains('=') {
+        let keywords = url
+            .split_whitespace()
+            .filter_map(|w| w.split_once('=').map(|(k, _)| k))
+            .any(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+        return Err(Fatal(if keywords {
+            "the database URL looks like a libpq keyword string (`host=… dbname=…`), which is \
+             not supported: give a URL, postgres://user:password@host:port/dbname?sslmode=…"
+                .to_owned()
+        } else {
+            "the database URL has no scheme and contains `=`, so it is not taken for an SQLite \
+             file path: give postgres://…, mysql://… or sqlite://path"
+                .to_owned()
+        }));
+    }
     Ok((Backend::Sqlite, url.to_owned()))
 }
 
+/// `url` as messages and logs show it: passwords hidden ([`outbox::redact::url`]).
 fn describe(url: &str) -> String {
-    // Hide a password in messages.
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((_, host)) => format!("{scheme}://…@{host}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
+    outbox::redact::url(url).into_owned()
 }
 
 async fn migrate(url: &str) -> Result<Vec<&'static str>, Fatal> {
@@ -245,9 +275,12 @@ type SqliteAsync =
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
 
 async fn sqlite_connection(path: &str) -> Result<SqliteAsync, Fatal> {
-    SqliteAsync::establish(path)
-        .await
-        .map_err(|e| Fatal(format!("cannot open the SQLite database `{path}`: {e}")))
+    SqliteAsync::establish(path).await.map_err(|e| {
+        Fatal(format!(
+            "cannot open the SQLite database `{}`: {e}",
+            describe(path)
+        ))
+    })
 }
 
 #[derive(diesel::QueryableByName)]
@@ -290,6 +323,7 @@ async fn check_migrated(url: &str) -> Result<(), Fatal> {
         }
         Backend::Sqlite => {
             if !std::path::Path::new(&url).exists() {
+                let url = describe(&url);
                 return Err(Fatal(format!(
                     "the SQLite database `{url}` does not exist: run `outbox migrate --database-url {url}` first"
                 )));
@@ -333,11 +367,13 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     if let Some(prefix) = &args.topic_prefix {
         builder = builder.topic_prefix(prefix.clone());
     }
-    for kv in &args.kafka_config {
-        let Some((k, v)) = kv.split_once('=') else {
-            return Err(Fatal(format!("--kafka-config `{kv}` is not KEY=VALUE")));
-        };
-        builder = builder.set(k.trim(), v.trim());
+    let env_config = std::env::var("OUTBOX_KAFKA_CONFIG").ok();
+    for (key, value) in inputs::kafka_settings(
+        args.kafka_config_file.as_deref(),
+        env_config.as_deref(),
+        &args.kafka_config,
+    )? {
+        builder = builder.set(key, value);
     }
     let probe_builder = builder.clone();
     let publisher = builder.build().map_err(|e| match e {
@@ -346,7 +382,9 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
             "no Kafka brokers: --brokers / KAFKA_BROKERS is overridden by an empty --kafka-config bootstrap.servers"
                 .into(),
         ),
-        e => Fatal(format!("{e} (check --kafka-config)")),
+        e => Fatal(format!(
+            "{e} (check --kafka-config, OUTBOX_KAFKA_CONFIG and --kafka-config-file)"
+        )),
     })?;
     let publish_timeout = publisher.publish_timeout();
     let lease = Duration::from_millis(args.lease);
@@ -536,5 +574,119 @@ fn main() -> ExitCode {
             eprintln!("error: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(url: &str) -> String {
+        match backend_of(url) {
+            Ok((backend, _)) => panic!("{url} taken for {backend:?}"),
+            Err(Fatal(e)) => e,
+        }
+    }
+
+    #[test]
+    fn libpq_keyword_strings_are_not_sqlite_paths() {
+        let e = refused("host=db user=app password=hunter2 dbname=app");
+        assert!(e.contains("libpq") && e.contains("postgres://"), "{e}");
+        assert!(!e.contains("hunter2"), "{e}");
+        let e = refused("dbname=app");
+        assert!(e.contains("libpq"), "{e}");
+        assert!(!refused("a=b&c=d?").is_empty());
+    }
+
+    #[test]
+    fn sqlite_paths_and_urls() {
+        for (url, path) in [
+            ("outbox.db", "outbox.db"),
+            ("/var/lib/app/outbox", "/var/lib/app/outbox"),
+            ("./data/run=3.sqlite3", "./data/run=3.sqlite3"),
+            (":memory:", ":memory:"),
+            ("sqlite://a=b", "a=b"),
+        ] {
+            let (backend, got) = backend_of(url).unwrap_or_else(|Fatal(e)| panic!("{e}"));
+            assert_eq!((backend, got.as_str()), (Backend::Sqlite, path));
+        }
+        assert_eq!(
+            backend_of("postgres://u:p@h/d").ok().map(|b| b.0),
+            Some(Backend::Postgres)
+        );
+    }
+
+    #[test]
+    fn zero_counts_are_refused_naming_the_flag() {
+        for args in [
+            &["outbox", "dead", "list", "--limit", "0"][..],
+            &[
+                "outbox",
+                "replay",
+                "--database-url",
+                "x.db",
+                "--all",
+                "--batch",
+                "0",
+            ],
+            &[
+                "outbox",
+                "cleanup",
+                "--database-url",
+                "x.db",
+                "--older-than",
+                "1d",
+                "--batch",
+                "0",
+            ],
+        ] {
+            let err = match Cli::try_parse_from(args) {
+                Ok(_) => panic!("{args:?} must be refused"),
+                Err(e) => e.to_string(),
+            };
+            let flag = args[args.len() - 2];
+            assert!(err.contains(flag) && err.contains("at least 1"), "{err}");
+        }
+    }
+
+    #[test]
+    fn relay_ids_with_edge_whitespace_are_refused() {
+        for (id, why) in [
+            ("relay-1 ", "whitespace"),
+            (" relay-1", "whitespace"),
+            ("relay\u{7}1", "control"),
+        ] {
+            let cli = Cli::try_parse_from([
+                "outbox",
+                "relay",
+                "--database-url",
+                "x.db",
+                "--brokers",
+                "k:9092",
+                "--relay-id",
+                id,
+            ])
+            .unwrap_or_else(|e| panic!("{e}"));
+            let Command::Relay(args) = cli.command else {
+                unreachable!()
+            };
+            let Err(Fatal(e)) = inputs::check_relay_args(&args) else {
+                panic!("{id:?} must be refused")
+            };
+            assert!(
+                e.starts_with("--relay-id / OUTBOX_RELAY_ID") && e.contains(why),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn describe_redacts_every_password() {
+        let shown = describe("postgres://app:hunter2@db/app?sslmode=require&password=hunter3");
+        assert_eq!(
+            shown,
+            "postgres://app:***@db/app?sslmode=require&password=***"
+        );
+        assert!(!describe("mysql://root@db/app?password=hunter3").contains("hunter3"));
     }
 }

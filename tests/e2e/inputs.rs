@@ -61,6 +61,8 @@ const ENV_VARS: &[(&str, ())] = &[
     ("OUTBOX_RETRY_MAX_MS", ()),
     ("OUTBOX_RETENTION_HOURS", ()),
     ("OUTBOX_RELAY_ID", ()),
+    ("OUTBOX_KAFKA_CONFIG", ()),
+    ("OUTBOX_KAFKA_CONFIG_FILE", ()),
 ];
 
 /// The error is exactly one line, `error: <expected>`.

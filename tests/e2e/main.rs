@@ -16,6 +16,7 @@ mod inputs;
 mod metrics;
 mod ops;
 mod scenarios;
+mod secrets;
 mod takeover;
 mod unreachable_broker;
 

@@ -282,6 +282,38 @@ pub async fn admin_operations<B: Backend>() {
     assert_eq!((s.published, s.pending, s.dead), (0, 8, 1), "{s:?}");
 }
 
+/// The metrics sample agrees with the status on what both report: pending, dead letters,
+/// blocked aggregates and the oldest pending event's age.
+pub async fn sample_agrees_with_status<B: Backend>() {
+    let db = B::database("sample");
+    B::fill(&db, 3, 4); // seq 1..=12, aggregates of 4 events each
+    // A dead letter at the head of an aggregate with later pending events, and a published row.
+    B::exec(
+        &db,
+        "UPDATE outbox_events SET dead_at = created_at, last_error = 'refused' WHERE seq = 1",
+    );
+    B::exec(
+        &db,
+        "UPDATE outbox_events SET published_at = created_at WHERE seq = 12",
+    );
+    let mut admin = Admin::new(B::admin(&db).await);
+    let status = admin.status().await.unwrap();
+    let sample = admin.sample(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        (sample.pending, sample.dead, sample.blocked_aggregates),
+        (status.pending, status.dead, status.blocked_aggregates),
+        "{sample:?} {status:?}"
+    );
+    assert_eq!(
+        (sample.pending, sample.dead, sample.blocked_aggregates),
+        (10, 1, 1)
+    );
+    let age = sample
+        .oldest_pending_age_seconds
+        .expect("an oldest pending event");
+    assert!((0.0..60.0).contains(&age), "{age}");
+}
+
 /// Instantiates the admin suite for one backend.
 #[macro_export]
 macro_rules! admin_suite {
@@ -289,6 +321,11 @@ macro_rules! admin_suite {
         #[tokio::test]
         async fn admin_operations() {
             $crate::admin_suite::admin_operations::<$backend>().await;
+        }
+
+        #[tokio::test]
+        async fn sample_agrees_with_status() {
+            $crate::admin_suite::sample_agrees_with_status::<$backend>().await;
         }
     };
 }

@@ -36,6 +36,89 @@ fn write_one(db: &TestDatabase, order_id: i64) {
     .unwrap();
 }
 
+/// A sample that cannot finish in time (here: the table locked by a migration-like
+/// statement) is cancelled by its statement timeout and reported, instead of waiting with
+/// the lock; the same connection samples again once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sample_stuck_behind_a_lock_times_out() {
+    use diesel_async::AsyncConnection;
+    let db = Postgres::database("sample_timeout");
+    write_one(&db, 1);
+    let mut locker = diesel::PgConnection::establish(&db.url).unwrap();
+    locker
+        .batch_execute("BEGIN; LOCK TABLE outbox_events IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let conn = diesel_async::AsyncPgConnection::establish(&db.url)
+        .await
+        .unwrap();
+    let mut admin = outbox::relay::admin::Admin::new(conn);
+    let start = std::time::Instant::now();
+    let sampled = tokio::time::timeout(
+        Duration::from_secs(20),
+        admin.sample(Duration::from_millis(300)),
+    )
+    .await
+    .expect("the statement timeout ends the sample");
+    let err = sampled.expect_err("a locked table cannot be sampled");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        format!("{err} {err:?}").contains("statement timeout"),
+        "{err:?}"
+    );
+    locker.batch_execute("ROLLBACK").unwrap();
+    let sample = admin.sample(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(sample.pending, 1);
+    // No session state is left: the timeout was local to the sample's transaction.
+    #[derive(diesel::QueryableByName)]
+    struct Setting {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        statement_timeout: String,
+    }
+    let mut conn = admin.into_inner();
+    let t: Setting = diesel_async::RunQueryDsl::get_result(
+        diesel::sql_query("SHOW statement_timeout"),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    assert_eq!(t.statement_timeout, "0");
+}
+
+/// Notifications that arrive while the relay is busy fold into one wake-up: the first wait
+/// after them returns at once, the next waits its whole timeout. They used to queue (without
+/// bound) and each cost a wake-up and an empty claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_while_busy_wake_the_relay_once() {
+    let db = Postgres::database("notify_coalesce");
+    let mut store = outbox::relay::PgRelayStore::new(&db.url);
+    // The first wait opens the LISTEN connection.
+    store.wait_for_work(Duration::from_millis(50)).await;
+    let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
+    for _ in 0..50 {
+        conn.batch_execute("NOTIFY outbox_events").unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await; // the relay is busy meanwhile
+    let start = std::time::Instant::now();
+    store.wait_for_work(Duration::from_secs(10)).await;
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "the notifications wake the relay"
+    );
+    for _ in 0..3 {
+        let start = std::time::Instant::now();
+        store.wait_for_work(Duration::from_millis(300)).await;
+        assert!(
+            start.elapsed() >= Duration::from_millis(250),
+            "50 notifications are one wake-up, not 50: woken after {:?}",
+            start.elapsed()
+        );
+    }
+}
+
 /// With a 30 s poll interval, a writer's NOTIFY wakes the relay at once; without LISTEN the
 /// same event waits for the poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1331,7 +1331,10 @@ async fn switching_from_stream_to_a_lease_mode_is_refused_until_handed_over() {
         ..dead_letter_config(100)
     };
     let mut store = PgRelayStore::new(&db.url);
-    store.rebalance_shards("r", Duration::from_secs(5)).await.unwrap();
+    store
+        .rebalance_shards("r", Duration::from_secs(5))
+        .await
+        .unwrap();
     let claim = Claim {
         relay: "r",
         limit: 100,
@@ -1349,7 +1352,10 @@ async fn switching_from_stream_to_a_lease_mode_is_refused_until_handed_over() {
         .and_then(|e| e.downcast_ref::<StreamLeftBehind>())
         .unwrap_or_else(|| panic!("a StreamLeftBehind: {err}"));
     assert!(left.unmarked && left.stream_dead_letters == 3, "{left:?}");
-    assert!(err.to_string().contains("outbox stream-handover --yes"), "{err}");
+    assert!(
+        err.to_string().contains("outbox stream-handover --yes"),
+        "{err}"
+    );
 
     let mut admin = Admin::new(
         diesel_async::AsyncPgConnection::establish(&db.url)
@@ -1359,7 +1365,11 @@ async fn switching_from_stream_to_a_lease_mode_is_refused_until_handed_over() {
     let done = admin.hand_over_from_stream().await.unwrap();
     assert_eq!((done.marked, done.restored), (5, 3), "{done:?}");
     assert_eq!(admin.stream_left_behind().await.unwrap(), None);
-    assert_eq!(admin.count(&Filter::default(), true).await.unwrap(), 1, "x3");
+    assert_eq!(
+        admin.count(&Filter::default(), true).await.unwrap(),
+        1,
+        "x3"
+    );
     assert!(store.claim(&claim).await.is_ok(), "handed over");
     store.release_all("r").await.unwrap();
 

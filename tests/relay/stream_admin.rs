@@ -341,7 +341,10 @@ async fn stream_admin_dead_letters() {
         .await
         .unwrap();
     assert_eq!(seqs(&all), [1, 2, 3]);
-    assert!(all.iter().all(|d| d.retry_requested_at.is_some() && d.stream));
+    assert!(
+        all.iter()
+            .all(|d| d.retry_requested_at.is_some() && d.stream)
+    );
     let s = admin.status().await.unwrap();
     assert_eq!(
         (s.dead, s.stream.as_ref().unwrap().retry_requested),

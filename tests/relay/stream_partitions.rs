@@ -86,7 +86,15 @@ async fn stream_partitioning_keeps_every_row_and_position() {
     let before = digest(&db);
 
     let mut admin = admin(&db).await;
-    for (slots, xids, named) in [(1, 10, "slots"), (65, 10, "slots"), (4, 0, "slot_xids")] {
+    // A ring whose turn (slots × slot_xids) overflows bigint was accepted, and every later
+    // cleanup and status failed.
+    let overflowing = i64::MAX as u64 / 2;
+    for (slots, xids, named) in [
+        (1, 10, "slots"),
+        (65, 10, "slots"),
+        (4, 0, "slot_xids"),
+        (4, overflowing, "slot_xids"),
+    ] {
         match admin.partition_events(slots, xids).await {
             Err(AdminError::InvalidArgument(e)) => assert!(e.contains(named), "{e}"),
             other => panic!("partition_events({slots}, {xids}): {other:?}"),

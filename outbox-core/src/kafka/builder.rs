@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
 
 use super::log::LogLimiter;
@@ -84,11 +83,23 @@ const ALIASES: [(&str, &str); 3] = [
 /// assert_eq!(publisher.message_timeout(), Duration::from_secs(5));
 /// # Ok::<(), outbox_core::kafka::KafkaConfigError>(())
 /// ```
-#[derive(Debug, Clone, Default)]
+///
+/// Its `Debug` output shows every setting, with the values of secret ones (see
+/// [`is_secret_key`](crate::redact::is_secret_key)) replaced by `***`.
+#[derive(Clone, Default)]
 #[must_use = "a builder does nothing until `.build()`"]
 pub struct KafkaPublisherBuilder {
     settings: Vec<(String, String)>,
     router: Router,
+}
+
+impl std::fmt::Debug for KafkaPublisherBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaPublisherBuilder")
+            .field("settings", &super::secrets::Redacted(&self.settings))
+            .field("router", &self.router)
+            .finish()
+    }
 }
 
 impl KafkaPublisherBuilder {
@@ -207,7 +218,6 @@ impl KafkaPublisherBuilder {
         if message_timeout == 0 || message_timeout > i32::MAX as u64 {
             return Err(KafkaConfigError::Invalid {
                 key: "message.timeout.ms".to_owned(),
-                value: message_timeout.to_string(),
                 reason: "must be between 1 and 2147483647 ms (0 would mean no limit)".to_owned(),
             });
         }
@@ -234,7 +244,6 @@ fn check_settings(settings: &BTreeMap<String, String>) -> Result<(), KafkaConfig
     let forbidden = |key: &str, reason| {
         Err(KafkaConfigError::Forbidden {
             key: key.to_owned(),
-            value: settings.get(key).cloned().unwrap_or_default(),
             reason,
         })
     };
@@ -280,7 +289,6 @@ fn parse_ms(settings: &BTreeMap<String, String>, key: &str) -> Result<u64, Kafka
     let value = &settings[key];
     value.trim().parse().map_err(|_| KafkaConfigError::Invalid {
         key: key.to_owned(),
-        value: value.clone(),
         reason: "expected a whole number of milliseconds".to_owned(),
     })
 }
@@ -290,16 +298,60 @@ pub(crate) fn create_producer(
     config: &ClientConfig,
     watch: &Arc<BrokerWatch>,
 ) -> Result<FutureProducer<WatchContext>, KafkaConfigError> {
-    let log = LogLimiter::new(config.get("bootstrap.servers").unwrap_or_default());
+    let log = LogLimiter::new(config.get("bootstrap.servers").unwrap_or_default())
+        .hiding(super::secrets::secret_values(config));
     config
         .create_with_context(WatchContext(watch.clone(), Arc::new(log)))
-        .map_err(|e| match e {
-            KafkaError::ClientConfig(_, reason, key, value) => {
-                KafkaConfigError::Invalid { key, value, reason }
-            }
-            KafkaError::ClientCreation(reason) => KafkaConfigError::Rejected { reason },
-            other => KafkaConfigError::Rejected {
-                reason: other.to_string(),
-            },
-        })
+        .map_err(|e| super::secrets::config_error(e, config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_redacts_secret_settings() {
+        let builder = KafkaPublisherBuilder::default()
+            .brokers("k1:9092")
+            .set("sasl.username", "svc-relay")
+            .set("sasl.password", "hunter2-secret")
+            .set("ssl.key.password", "pem-pass")
+            .set("linger.ms", "7");
+        let shown = format!("{builder:?}");
+        for secret in ["hunter2-secret", "pem-pass", "svc-relay"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(shown.contains("\"sasl.password\": \"***\""), "{shown}");
+        assert!(shown.contains("\"linger.ms\": \"7\""), "{shown}");
+        assert!(shown.contains("k1:9092"), "{shown}");
+    }
+
+    #[test]
+    fn rejected_secret_values_are_not_echoed() {
+        // On a build without SSL, librdkafka refuses `ssl.key.password`; on one with it, a
+        // bad `sasl.mechanisms` fails instead. Neither error may carry a value.
+        let err = KafkaPublisherBuilder::default()
+            .brokers("k1:9092")
+            .set("ssl.key.password", "hunter2-secret")
+            .set("sasl.password", "other-secret")
+            .set("sasl.mechanisms", "NOT-A-MECHANISM")
+            .build()
+            .unwrap_err();
+        for shown in [err.to_string(), format!("{err:?}")] {
+            assert!(!shown.contains("hunter2-secret"), "{shown}");
+            assert!(!shown.contains("other-secret"), "{shown}");
+            assert!(!shown.contains("NOT-A-MECHANISM"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn invalid_values_are_named_by_key_only() {
+        let err = KafkaPublisherBuilder::default()
+            .brokers("k1:9092")
+            .set("linger.ms", "soonish")
+            .build()
+            .unwrap_err();
+        assert!(matches!(&err, KafkaConfigError::Invalid { key, .. } if key == "linger.ms"));
+        assert!(!format!("{err} {err:?}").contains("soonish"), "{err:?}");
+    }
 }

@@ -4,7 +4,8 @@ use std::fmt;
 
 /// Why a [`KafkaPublisher`](super::KafkaPublisher) or a [`KafkaConsumer`](super::KafkaConsumer)
 /// could not be built. Every variant names the setting at fault, or quotes librdkafka's message,
-/// which does.
+/// which does. None holds a setting's value: a rejected `sasl.password` must not end up in a
+/// log through this error, so the values librdkafka quotes are replaced by `***` too.
 ///
 /// ```
 /// use outbox_core::kafka::{KafkaConfigError, KafkaPublisher};
@@ -27,9 +28,7 @@ pub enum KafkaConfigError {
     Invalid {
         /// The property, e.g. `"linger.ms"`.
         key: String,
-        /// The value that was given.
-        value: String,
-        /// librdkafka's reason.
+        /// librdkafka's reason, with the value given replaced by `***`.
         reason: String,
     },
     /// The setting would break the [`Publisher`](crate::relay::Publisher) contract (e.g.
@@ -37,15 +36,13 @@ pub enum KafkaConfigError {
     Forbidden {
         /// The property, e.g. `"acks"`.
         key: String,
-        /// The value that was given.
-        value: String,
         /// Why it is refused.
         reason: &'static str,
     },
     /// librdkafka refused to create the producer from the settings as a whole, e.g.
     /// `max.in.flight` above 5 with the idempotent producer. Its message names the settings.
     Rejected {
-        /// librdkafka's message.
+        /// librdkafka's message, with the values of secret settings replaced by `***`.
         reason: String,
     },
     /// A builder option is missing or invalid, e.g. a consumer without a group or a handler.
@@ -64,13 +61,13 @@ impl fmt::Display for KafkaConfigError {
                 "no Kafka brokers configured: call `.brokers(\"host:port\")` or set \
                  `bootstrap.servers`",
             ),
-            KafkaConfigError::Invalid { key, value, reason } => {
-                write!(f, "invalid Kafka setting `{key}` = `{value}`: {reason}")
+            KafkaConfigError::Invalid { key, reason } => {
+                write!(f, "invalid value for Kafka setting `{key}`: {reason}")
             }
-            KafkaConfigError::Forbidden { key, value, reason } => {
+            KafkaConfigError::Forbidden { key, reason } => {
                 write!(
                     f,
-                    "Kafka setting `{key}` = `{value}` is not allowed: {reason}"
+                    "the value of Kafka setting `{key}` is not allowed: {reason}"
                 )
             }
             KafkaConfigError::Rejected { reason } => {

@@ -42,6 +42,9 @@ const KIND_CHARS: usize = 96;
 pub(crate) struct LogLimiter {
     /// The client's `bootstrap.servers`, named in the errors that mean no broker is reachable.
     brokers: String,
+    /// Values of the client's secret settings, replaced by `***` in every line shown
+    /// (librdkafka's configuration warnings quote values).
+    secrets: Vec<String>,
     kinds: Mutex<HashMap<(u8, String), Seen>>,
 }
 
@@ -55,7 +58,27 @@ impl LogLimiter {
     pub(crate) fn new(brokers: impl Into<String>) -> Self {
         LogLimiter {
             brokers: brokers.into(),
+            secrets: Vec::new(),
             kinds: Mutex::default(),
+        }
+    }
+
+    /// Hides these values (the client's secret settings) in every line shown.
+    pub(crate) fn hiding(mut self, secrets: Vec<String>) -> Self {
+        self.secrets = secrets;
+        self
+    }
+
+    /// `text` without any of the secrets.
+    fn hide<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        if self
+            .secrets
+            .iter()
+            .any(|s| !s.is_empty() && text.contains(s.as_str()))
+        {
+            crate::redact::scrub(text, self.secrets.iter().map(String::as_str)).into()
+        } else {
+            text.into()
         }
     }
 
@@ -99,6 +122,7 @@ impl LogLimiter {
 
     /// A librdkafka log line (its `log_cb`).
     pub(crate) fn log(&self, level: RDKafkaLogLevel, facility: &str, text: &str) {
+        let text = &*self.hide(text);
         let Some(suppressed) = self.admit(level as u8, facility, text) else {
             return;
         };
@@ -133,6 +157,7 @@ impl LogLimiter {
     /// A librdkafka global error (its `error_cb`). "All brokers down" names the bootstrap
     /// servers, at `warn` (the client keeps trying; an outage, not a bug).
     pub(crate) fn error(&self, error: &KafkaError, reason: &str) {
+        let reason = &*self.hide(reason);
         let code = error.rdkafka_error_code().map_or(-1, |c| c as i32);
         let Some(suppressed) = self.admit(u8::MAX, &code.to_string(), reason) else {
             return;
@@ -184,6 +209,14 @@ fn kind_of(facility: &str, text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secret_values_are_hidden_in_lines() {
+        let limiter = LogLimiter::new("k:9092").hiding(vec!["hunter2".to_owned()]);
+        let shown = limiter.hide("Configuration property `sasl.password` set to `hunter2`");
+        assert_eq!(shown, "Configuration property `sasl.password` set to `***`");
+        assert_eq!(limiter.hide("nothing secret"), "nothing secret");
+    }
 
     #[test]
     fn a_kind_is_shown_once_per_window_with_the_count_left_out() {

@@ -136,6 +136,7 @@ mod log;
 mod publisher;
 #[cfg(feature = "relay")]
 mod record;
+mod secrets;
 #[cfg(test)]
 mod test_recorder;
 #[cfg(feature = "relay")]

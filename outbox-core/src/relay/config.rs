@@ -221,7 +221,7 @@ pub const MAX_IN_FLIGHT: usize = 64;
 /// (a dead relay's work would wait that long) and would approach the limits of the stores:
 /// PostgreSQL's `statement_timeout` (which the store keeps at a third of the lease) takes at most
 /// `i32::MAX` ms (about 24.8 days), and `now() + lease` must stay a valid time everywhere.
-pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_LEASE: Duration = crate::backoff::MAX_DELAY;
 
 /// The longest poll interval: one hour.
 pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
@@ -229,47 +229,6 @@ pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
 /// The longest retention: ten years, so that `now() - keep` is a valid time on every backend
 /// (MySQL's `DATETIME` starts at the year 1000, SQLite's date functions at year 0).
 pub const MAX_RETENTION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
-
-impl Backoff {
-    /// Checks this backoff; `name` prefixes the error (`"backoff"`, `"outage_backoff"`).
-    fn validate(&self, name: &str) -> Result<(), ConfigError> {
-        if self.initial.is_zero() || self.initial > MAX_LEASE {
-            return Err(ConfigError::new(
-                format!("{name}.initial"),
-                format!(
-                    "{name}.initial must be between 1 ms and {MAX_LEASE:?}, got {:?}",
-                    self.initial
-                ),
-            ));
-        }
-        if self.max < self.initial || self.max > MAX_LEASE {
-            return Err(ConfigError::new(
-                format!("{name}.max"),
-                format!(
-                    "{name}.max must be between {name}.initial ({:?}) and {MAX_LEASE:?}, got {:?}",
-                    self.initial, self.max
-                ),
-            ));
-        }
-        // `!(x >= 1.0)` also refuses NaN.
-        if !(self.multiplier >= 1.0 && self.multiplier <= 1_000.0) {
-            return Err(ConfigError::new(
-                format!("{name}.multiplier"),
-                format!(
-                    "{name}.multiplier must be between 1 and 1000, got {}",
-                    self.multiplier
-                ),
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(ConfigError::new(
-                format!("{name}.jitter"),
-                format!("{name}.jitter must be between 0 and 1, got {}", self.jitter),
-            ));
-        }
-        Ok(())
-    }
-}
 
 impl RelayConfig {
     /// Checks every setting against its range and against the others; the error is one line
@@ -288,14 +247,8 @@ impl RelayConfig {
     /// assert_eq!(err.to_string(), "backoff.jitter must be between 0 and 1, got 1.5");
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.relay_id.trim().is_empty() || self.relay_id.len() > 200 {
-            return Err(ConfigError::new(
-                "relay_id",
-                format!(
-                    "relay_id must be 1 to 200 characters, got {}",
-                    self.relay_id.len()
-                ),
-            ));
+        if let Err(reason) = check_relay_id(&self.relay_id) {
+            return Err(ConfigError::new("relay_id", format!("relay_id {reason}")));
         }
         if self.batch_size == 0 || self.batch_size > 10_000 {
             return Err(ConfigError::new(
@@ -362,8 +315,14 @@ impl RelayConfig {
                 format!("session_check ({every:?}) must be at least 10 ms (each check is a query)"),
             ));
         }
-        self.backoff.validate("backoff")?;
-        self.outage_backoff.validate("outage_backoff")?;
+        for (backoff, name) in [
+            (&self.backoff, "backoff"),
+            (&self.outage_backoff, "outage_backoff"),
+        ] {
+            backoff
+                .validate(name)
+                .map_err(|e| ConfigError::new(e.setting(), e.to_string()))?;
+        }
         if let Some(r) = &self.retention {
             if r.keep < Duration::from_secs(1) || r.keep > MAX_RETENTION {
                 return Err(ConfigError::new(
@@ -435,6 +394,37 @@ impl std::fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// Checks a relay id: 1 to 200 bytes, no leading or trailing whitespace and no control
+/// characters; the error is what is wrong, for a message that names the setting as its caller
+/// calls it (`relay_id`, `--relay-id`). Ids are compared by the stores, and MySQL's default
+/// collations ignore trailing spaces (`'a' = 'a '`) while `GET_LOCK` does not: two ids
+/// differing only by a trailing space would pass the duplicate-id guard and yet hold
+/// different locks. The value itself is not quoted back.
+///
+/// ```
+/// use outbox_core::relay::check_relay_id;
+/// assert!(check_relay_id("relay-1").is_ok());
+/// assert_eq!(
+///     check_relay_id("relay-1 ").unwrap_err(),
+///     "must not start or end with whitespace"
+/// );
+/// ```
+pub fn check_relay_id(id: &str) -> Result<(), String> {
+    if id.trim().is_empty() || id.len() > 200 {
+        return Err(format!("must be 1 to 200 characters, got {}", id.len()));
+    }
+    if id.trim() != id {
+        return Err("must not start or end with whitespace".to_owned());
+    }
+    if let Some(c) = id.chars().find(|c| c.is_control()) {
+        return Err(format!(
+            "must not contain control characters, found U+{:04X}",
+            u32::from(c)
+        ));
+    }
+    Ok(())
+}
 
 /// `host-pid-random`: a fresh id on every call, readable in `locked_by` and `outbox status`.
 /// Use it for each relay of a process that runs several (see [`RelayConfig::relay_id`]).

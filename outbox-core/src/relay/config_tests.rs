@@ -71,6 +71,11 @@ fn every_setting_out_of_range_is_named() {
             Box::new(|c| c.outage_backoff.jitter = 2.0),
         ),
         ("relay_id", Box::new(|c| c.relay_id = " ".into())),
+        // MySQL's PAD SPACE collations compare "r1 " equal to "r1"; GET_LOCK does not.
+        ("relay_id", Box::new(|c| c.relay_id = "r1 ".into())),
+        ("relay_id", Box::new(|c| c.relay_id = "\tr1".into())),
+        ("relay_id", Box::new(|c| c.relay_id = "r\u{0}1".into())),
+        ("relay_id", Box::new(|c| c.relay_id = "r\n1".into())),
         (
             "retention.keep",
             Box::new(|c| {

@@ -42,7 +42,10 @@ pub use pg::stream::READ_AHEAD as PG_STREAM_READ_AHEAD;
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod partitions {
-    pub use super::pg::partition::{DEFAULT_SLOT_XIDS, DEFAULT_SLOTS, ROTATE_LOCK_WAIT, Rotated};
+    pub use super::pg::partition::{
+        DEFAULT_SLOT_XIDS, DEFAULT_SLOTS, MAX_RING_XIDS, MAX_SLOTS, MIN_SLOTS, ROTATE_LOCK_WAIT,
+        Rotated, max_slot_xids,
+    };
 }
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]

@@ -92,8 +92,8 @@ pub enum DeadCommand {
         /// Show dead letters after this seq (the last seq of the previous page).
         #[arg(long, default_value_t = 0)]
         after_seq: i64,
-        /// At most this many.
-        #[arg(long, default_value_t = 100)]
+        /// At most this many (at least 1).
+        #[arg(long, default_value_t = 100, value_parser = crate::inputs::at_least_one)]
         limit: usize,
         /// One JSON object per line instead of a table.
         #[arg(long)]
@@ -124,15 +124,15 @@ pub struct SettleArgs {
 /// `outbox replay`.
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
     #[command(flatten)]
     filter: FilterArgs,
     /// Select every published event (needed when no filter is given).
     #[arg(long)]
     all: bool,
-    /// Rows per statement.
-    #[arg(long, default_value_t = DEFAULT_REPLAY_BATCH)]
+    /// Rows per statement (1-100000).
+    #[arg(long, default_value_t = DEFAULT_REPLAY_BATCH, value_parser = crate::inputs::batch_rows)]
     batch: usize,
     /// Do it (without: print what would be done and exit 2).
     #[arg(long)]
@@ -142,13 +142,13 @@ pub struct ReplayArgs {
 /// `outbox cleanup`.
 #[derive(clap::Args, Debug)]
 pub struct CleanupArgs {
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// Delete published events published longer ago than this (`30d`, `12h`).
     #[arg(long, value_parser = parse_duration)]
     older_than: Duration,
-    /// Rows per statement (each its own short transaction).
-    #[arg(long, default_value_t = DEFAULT_CLEANUP_BATCH)]
+    /// Rows per statement, each its own short transaction (1-100000).
+    #[arg(long, default_value_t = DEFAULT_CLEANUP_BATCH, value_parser = crate::inputs::batch_rows)]
     batch: usize,
     /// Do it (without: print what would be done and exit 2).
     #[arg(long)]
@@ -158,7 +158,7 @@ pub struct CleanupArgs {
 /// `outbox partition`.
 #[derive(clap::Args, Debug)]
 pub struct PartitionArgs {
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// Partitions in the ring (2-64).
     #[arg(long, default_value_t = outbox::relay::partitions::DEFAULT_SLOTS)]
@@ -453,6 +453,7 @@ pub async fn replay(args: ReplayArgs) -> Result<ExitCode, Fatal> {
 
 /// `outbox partition`: PostgreSQL only.
 pub async fn partition(args: PartitionArgs) -> Result<ExitCode, Fatal> {
+    crate::inputs::check_ring(args.slots, args.slot_xids)?;
     check_migrated(&args.database_url).await?;
     let (backend, url) = backend_of(&args.database_url)?;
     if !matches!(backend, Backend::Postgres) {
@@ -543,6 +544,7 @@ pub async fn refuse_after_stream(url: &str) -> Result<(), Fatal> {
 
 /// `outbox cleanup`.
 pub async fn cleanup(args: CleanupArgs) -> Result<ExitCode, Fatal> {
+    crate::inputs::check_older_than(args.older_than)?;
     if !args.yes {
         return Ok(not_confirmed(format!(
             "would delete the events published more than {} ago, {} per statement",

@@ -74,6 +74,24 @@ pub struct KafkaConsumerBuilder {
     shutdown_grace: Duration,
 }
 
+/// Shows the settings with secret values (see [`is_secret_key`](crate::redact::is_secret_key))
+/// as `***`, the group and the topics.
+impl std::fmt::Debug for KafkaConsumerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::kafka::secrets::Redacted;
+        f.debug_struct("KafkaConsumerBuilder")
+            .field("settings", &Redacted(&self.settings))
+            .field(
+                "dead_letter_settings",
+                &Redacted(&self.dead_letter_settings),
+            )
+            .field("group", &self.group)
+            .field("topics", &self.topics)
+            .field("assignment", &self.assignment)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for KafkaConsumerBuilder {
     fn default() -> Self {
         KafkaConsumerBuilder {
@@ -267,7 +285,8 @@ impl KafkaConsumerBuilder {
 
     /// The wait between attempts after a permanent failure (default
     /// [`DEFAULT_RETRY_BACKOFF`]). The partitions are paused and the consumer polled meanwhile,
-    /// so the waits may add up to any length.
+    /// so the waits may add up to any length. [`build`](Self::build) refuses a backoff that
+    /// [`Backoff::validate`] refuses, naming `retry_backoff.<field>`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -288,7 +307,8 @@ impl KafkaConsumerBuilder {
     /// The wait between attempts after a transient failure, an outage (default
     /// [`DEFAULT_OUTAGE_BACKOFF`]: 100 ms doubling to 2 s). The message is retried for as long
     /// as the outage lasts, its partitions paused and the consumer polled; `max` bounds how
-    /// long after the outage's end the consumer goes on.
+    /// long after the outage's end the consumer goes on. [`build`](Self::build) refuses a
+    /// backoff that [`Backoff::validate`] refuses, naming `outage_backoff.<field>`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -508,6 +528,14 @@ impl KafkaConsumerBuilder {
         if self.max_attempts == 0 {
             return Err(invalid("max_attempts", "at least 1 attempt".into()));
         }
+        for (backoff, name) in [
+            (&self.backoff, "retry_backoff"),
+            (&self.outage_backoff, "outage_backoff"),
+        ] {
+            backoff
+                .validate(name)
+                .map_err(|e| invalid(e.setting(), e.reason().to_owned()))?;
+        }
 
         let (consumer, producer) = clients(self.settings, &self.dead_letter_settings, &group)?;
 
@@ -536,5 +564,26 @@ impl KafkaConsumerBuilder {
                 timeout: Duration::from_secs(10),
             },
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_redacts_secret_settings() {
+        let builder = KafkaConsumerBuilder::default()
+            .brokers("k1:9092")
+            .group("billing")
+            .set("sasl.password", "hunter2-secret")
+            .dead_letter_set("sasl.jaas.config", "password=\"jaas-secret\";");
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("hunter2-secret"), "{shown}");
+        assert!(!shown.contains("jaas-secret"), "{shown}");
+        assert!(
+            shown.contains("billing") && shown.contains("k1:9092"),
+            "{shown}"
+        );
     }
 }

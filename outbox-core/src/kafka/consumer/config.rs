@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rdkafka::ClientConfig;
-use rdkafka::error::KafkaError;
 
 use super::context::{DeadLetterProducer, Inner, LogContext, RuntimeContext};
 use crate::kafka::log::LogLimiter;
 
 use crate::kafka::KafkaConfigError;
+use crate::kafka::secrets::{config_error, secret_values};
 
 /// Consumer settings applied before the user's.
 pub(super) const DEFAULTS: [(&str, &str); 7] = [
@@ -51,25 +51,12 @@ pub(super) fn check_settings(settings: &BTreeMap<String, String>) -> Result<(), 
     ) {
         return Err(KafkaConfigError::Forbidden {
             key: "enable.auto.offset.store".into(),
-            value: settings["enable.auto.offset.store"].clone(),
             reason: "the consumer stores an offset only once its message is done (the \
                      handler's transaction committed, a duplicate was recognised, or the \
                      message was dead-lettered)",
         });
     }
     Ok(())
-}
-
-pub(super) fn config_error(e: KafkaError) -> KafkaConfigError {
-    match e {
-        KafkaError::ClientConfig(_, reason, key, value) => {
-            KafkaConfigError::Invalid { key, value, reason }
-        }
-        KafkaError::ClientCreation(reason) => KafkaConfigError::Rejected { reason },
-        other => KafkaConfigError::Rejected {
-            reason: other.to_string(),
-        },
-    }
 }
 
 /// The consumer's librdkafka client and its dead-letter producer, from the defaults above, the
@@ -99,10 +86,17 @@ pub(super) fn clients(
         config.set(key, value);
     }
     let brokers = settings["bootstrap.servers"].clone();
-    let log = Arc::new(LogLimiter::new(brokers));
+    let mut secrets = secret_values(&config);
+    secrets.extend(
+        dead_letter_settings
+            .iter()
+            .filter(|(k, v)| crate::redact::is_secret_key(k) && !v.is_empty())
+            .map(|(_, v)| v.clone()),
+    );
+    let log = Arc::new(LogLimiter::new(brokers).hiding(secrets));
     let consumer: Inner = config
         .create_with_context(RuntimeContext(log.clone(), Default::default()))
-        .map_err(config_error)?;
+        .map_err(|e| config_error(e, &config))?;
 
     let mut producer_config = ClientConfig::new();
     for (key, value) in settings
@@ -121,6 +115,6 @@ pub(super) fn clients(
     }
     let producer: DeadLetterProducer = producer_config
         .create_with_context(LogContext(log))
-        .map_err(config_error)?;
+        .map_err(|e| config_error(e, &producer_config))?;
     Ok((consumer, producer))
 }

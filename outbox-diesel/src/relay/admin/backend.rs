@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::types::{AdminError, DeadLetter, Filter, Status};
+use super::types::{AdminError, DeadLetter, Filter, Sample, Status};
 
 mod sealed {
     pub trait Sealed {}
@@ -18,6 +18,12 @@ pub(crate) use sealed::Sealed;
 pub trait AdminConnection: Sealed + Send {
     #[doc(hidden)]
     fn admin_status(&mut self) -> impl Future<Output = Result<Status, AdminError>> + Send;
+    /// The gauges' figures, each statement limited to `timeout`.
+    #[doc(hidden)]
+    fn admin_sample(
+        &mut self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Sample, AdminError>> + Send;
     #[doc(hidden)]
     fn admin_dead(
         &mut self,
@@ -450,6 +456,10 @@ macro_rules! admin_connection {
                 )
             }
 
+            async fn admin_sample(&mut self, timeout: Duration) -> Result<Sample, AdminError> {
+                sample(self, timeout).await
+            }
+
             async fn admin_dead(
                 &mut self,
                 filter: &Filter,
@@ -518,7 +528,9 @@ macro_rules! admin_connection {
                 after: i64,
                 limit: i64,
             ) -> Result<Option<i64>, AdminError> {
-                let sql = STREAM_DEAD.as_ref().map_or(REPLAY_BOUND, |s| s.replay_bound);
+                let sql = STREAM_DEAD
+                    .as_ref()
+                    .map_or(REPLAY_BOUND, |s| s.replay_bound);
                 let q = bind(sql, filter)
                     .bind::<BigInt, _>(after)
                     .bind::<BigInt, _>(limit);

@@ -38,8 +38,8 @@ mod types;
 
 pub use backend::AdminConnection;
 pub use types::{
-    AdminError, DeadLetter, Filter, OpenTransaction, RelayInfo, RingStatus, Rotated, Status,
-    StreamStatus,
+    AdminError, DeadLetter, Filter, OpenTransaction, RelayInfo, RingStatus, Rotated, Sample,
+    Status, StreamStatus,
 };
 
 use std::time::Duration;
@@ -75,6 +75,17 @@ impl<C: AdminConnection> Admin<C> {
     /// The outbox's state: see [`Status`].
     pub async fn status(&mut self) -> Result<Status, AdminError> {
         self.conn.admin_status().await
+    }
+
+    /// The figures a metrics sampler needs ([`Sample`]: pending, the oldest pending event's
+    /// age, dead letters, blocked aggregates, stream mode's state), cheaply and bounded: only
+    /// index lookups of pending and dead rows (never the published rows, which the full
+    /// [`status`](Self::status) counts), each statement cancelled after `timeout` (PostgreSQL
+    /// `SET LOCAL statement_timeout` in a transaction of its own; MariaDB
+    /// `max_statement_time`, MySQL `MAX_EXECUTION_TIME`; SQLite has none). A timed-out sample
+    /// is an [`AdminError::Database`]: skip it and sample again later.
+    pub async fn sample(&mut self, timeout: Duration) -> Result<Sample, AdminError> {
+        self.conn.admin_sample(timeout).await
     }
 
     /// Dead letters (`dead_at` set, not published) matching `filter`, in `seq` order: at most

@@ -13,7 +13,7 @@ use super::backend::server::{clock, stamp};
 use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
 use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
-    Status, StreamRow, db,
+    Sample, Status, StreamRow, db,
 };
 use crate::relay::mysql::cleanup_query;
 
@@ -97,3 +97,73 @@ async fn rotate(
 }
 
 admin_connection!(AsyncMysqlConnection);
+
+/// The pending events' condition, a prefix of the `outbox_events_pending` index.
+macro_rules! pending {
+    () => {
+        "FROM outbox_events WHERE published_at IS NULL AND dead_at IS NULL"
+    };
+}
+
+/// The sample's counts (a `CountsRow` without `in_flight`, `retrying` and `published`, which
+/// need the whole table): ranges of the `outbox_events_pending` index
+/// (`published_at, dead_at, seq`), the oldest pending as the lowest pending `seq`.
+const SAMPLE: &str = concat!(
+    "SELECT (SELECT COUNT(*) ",
+    pending!(),
+    ") AS pending, \
+     CAST(0 AS SIGNED) AS in_flight, CAST(0 AS SIGNED) AS retrying, \
+     (SELECT COUNT(*) FROM outbox_events WHERE published_at IS NULL AND dead_at IS NOT NULL) AS dead, \
+     CAST(0 AS SIGNED) AS published, \
+     (SELECT ",
+    time!("created_at"),
+    " ",
+    pending!(),
+    " ORDER BY seq LIMIT 1) AS oldest_pending, \
+     (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS DOUBLE) / 1000000.0 ",
+    pending!(),
+    " ORDER BY seq LIMIT 1) AS oldest_pending_age"
+);
+
+#[derive(diesel::QueryableByName)]
+struct VersionRow {
+    #[diesel(sql_type = Text)]
+    version: String,
+}
+
+/// [`Admin::sample`](super::Admin::sample) on MySQL and MariaDB: each statement limited on
+/// its own, with no session state left behind: MariaDB's `SET STATEMENT max_statement_time
+/// = s FOR …`, MySQL's `MAX_EXECUTION_TIME(ms)` optimizer hint.
+async fn sample(conn: &mut AsyncMysqlConnection, timeout: Duration) -> Result<Sample, AdminError> {
+    let version: VersionRow = db(
+        "read the server version",
+        diesel::sql_query("SELECT VERSION() AS version")
+            .get_result(conn)
+            .await,
+    )?;
+    let ms = timeout.as_millis().clamp(1, u128::from(u32::MAX));
+    let limited = |sql: &str| {
+        if version.version.contains("MariaDB") {
+            format!(
+                "SET STATEMENT max_statement_time = {}.{:03} FOR {sql}",
+                ms / 1000,
+                ms % 1000
+            )
+        } else {
+            sql.replacen(
+                "SELECT",
+                &format!("SELECT /*+ MAX_EXECUTION_TIME({ms}) */"),
+                1,
+            )
+        }
+    };
+    let counts: CountsRow = db(
+        "sample the backlog",
+        diesel::sql_query(limited(SAMPLE)).get_result(conn).await,
+    )?;
+    let blocked: NRow = db(
+        "sample the blocked aggregates",
+        diesel::sql_query(limited(BLOCKED)).get_result(conn).await,
+    )?;
+    types::sample(counts, blocked.n, None)
+}

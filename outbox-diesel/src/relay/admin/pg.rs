@@ -14,7 +14,7 @@ use super::backend::server::{clock, stamp};
 use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
 use super::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
-    Status, StreamRow, db,
+    Sample, Status, StreamRow, db,
 };
 use crate::relay::pg::cleanup_query;
 
@@ -162,6 +162,45 @@ async fn rotate(
 
 admin_connection!(AsyncPgConnection);
 
+/// The sample's counts (a `CountsRow` without `in_flight`, `retrying` and `published`, which
+/// need the whole table): pending and dead through their partial indexes
+/// (`outbox_events_pending`, `outbox_events_dead_aggregate`), the oldest pending as the
+/// lowest pending `seq` (one index entry).
+const SAMPLE: &str = concat!(
+    "SELECT \
+     (SELECT count(*) FROM outbox_events WHERE published_at IS NULL AND dead_at IS NULL) AS pending, \
+     0::int8 AS in_flight, 0::int8 AS retrying, \
+     (SELECT count(*) FROM outbox_events WHERE dead_at IS NOT NULL AND published_at IS NULL) AS dead, \
+     0::int8 AS published, o.oldest_pending, o.oldest_pending_age \
+     FROM (SELECT 1) one LEFT JOIN (SELECT ",
+    time!("created_at"),
+    " AS oldest_pending, EXTRACT(EPOCH FROM now() - created_at)::float8 AS oldest_pending_age \
+         FROM outbox_events WHERE published_at IS NULL AND dead_at IS NULL \
+         ORDER BY seq LIMIT 1) o ON true"
+);
+
+/// [`Admin::sample`](super::Admin::sample) on PostgreSQL: one read-only transaction with
+/// `SET LOCAL statement_timeout` (so nothing outlives it, and a pooler in transaction mode
+/// sees no session state).
+async fn sample(conn: &mut AsyncPgConnection, timeout: Duration) -> Result<Sample, AdminError> {
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
+    let r = diesel_async::AsyncConnection::transaction(conn, async |c| {
+        diesel::sql_query(format!("SET LOCAL statement_timeout = {ms}"))
+            .execute(c)
+            .await?;
+        let counts: CountsRow = diesel::sql_query(SAMPLE).get_result(c).await?;
+        let blocked: NRow = diesel::sql_query(BLOCKED).get_result(c).await?;
+        let stream: Option<StreamRow> = match STREAM {
+            Some(sql) => Some(diesel::sql_query(sql).get_result(c).await?),
+            None => None,
+        };
+        Ok::<_, diesel::result::Error>((counts, blocked.n, stream))
+    })
+    .await;
+    let (counts, blocked, stream) = db("sample the backlog", r)?;
+    types::sample(counts, blocked, stream)
+}
+
 impl super::Admin<AsyncPgConnection> {
     /// What stream mode left in the table that a relay in a lease mode would mishandle, if
     /// anything: events it published without marking them, and its dead letters and parked
@@ -192,9 +231,7 @@ impl super::Admin<AsyncPgConnection> {
     /// println!("{} marked published, {} given back", done.marked, done.restored);
     /// # Ok(()) }
     /// ```
-    pub async fn hand_over_from_stream(
-        &mut self,
-    ) -> Result<crate::relay::Handover, AdminError> {
+    pub async fn hand_over_from_stream(&mut self) -> Result<crate::relay::Handover, AdminError> {
         db(
             "hand the table over from stream mode",
             crate::relay::pg::handover::hand_over(&mut self.conn).await,
@@ -228,15 +265,17 @@ impl super::Admin<AsyncPgConnection> {
         slots: u16,
         slot_xids: u64,
     ) -> Result<i64, AdminError> {
-        if !(2..=64).contains(&slots) {
+        use crate::relay::pg::partition::{MAX_RING_XIDS, MAX_SLOTS, MIN_SLOTS, max_slot_xids};
+        if !(MIN_SLOTS..=MAX_SLOTS).contains(&slots) {
             return Err(AdminError::InvalidArgument(format!(
-                "slots must be between 2 and 64, got {slots}"
+                "slots must be between {MIN_SLOTS} and {MAX_SLOTS}, got {slots}"
             )));
         }
-        if slot_xids == 0 || i64::try_from(slot_xids).is_err() {
+        let max = max_slot_xids(slots);
+        if slot_xids == 0 || slot_xids > max {
             return Err(AdminError::InvalidArgument(format!(
-                "slot_xids must be between 1 and {}, got {slot_xids}",
-                i64::MAX
+                "slot_xids must be between 1 and {max} with {slots} slots (a turn of the ring, \
+                 slots × slot_xids, at most {MAX_RING_XIDS}), got {slot_xids}"
             )));
         }
         db(

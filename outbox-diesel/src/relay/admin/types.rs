@@ -142,6 +142,49 @@ pub(crate) fn db<T>(operation: &'static str, r: diesel::QueryResult<T>) -> Resul
     r.map_err(|source| AdminError::Database { operation, source })
 }
 
+/// The figures the relay's gauges show, from [`Admin::sample`](super::Admin::sample): the
+/// [`Status`] fields that a few index lookups give, without the scan of the whole table that
+/// `published`, `in_flight` and `retrying` need.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
+pub struct Sample {
+    /// As [`Status::pending`].
+    pub pending: i64,
+    /// The age in seconds of the pending event with the lowest `seq` (the oldest one, but for
+    /// transactions that committed out of order), on the database's clock; in stream mode as
+    /// [`Status::oldest_pending_age_seconds`].
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// As [`Status::dead`].
+    pub dead: i64,
+    /// As [`Status::blocked_aggregates`].
+    pub blocked_aggregates: i64,
+    /// As [`Status::stream`].
+    pub stream: Option<StreamStatus>,
+}
+
+impl From<Status> for Sample {
+    fn from(s: Status) -> Self {
+        Sample {
+            pending: s.pending,
+            oldest_pending_age_seconds: s.oldest_pending_age_seconds,
+            dead: s.dead,
+            blocked_aggregates: s.blocked_aggregates,
+            stream: s.stream,
+        }
+    }
+}
+
+/// A [`Sample`] from the sample's counts (a [`CountsRow`] whose `in_flight`, `retrying` and
+/// `published` are not counted), the blocked aggregates and stream mode's row.
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+pub(crate) fn sample(
+    counts: CountsRow,
+    blocked: i64,
+    stream: Option<StreamRow>,
+) -> Result<Sample, AdminError> {
+    status(counts, blocked, Vec::new(), None, stream).map(Sample::from)
+}
+
 /// The outbox's state, as `outbox status --json` prints it (field names as here).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[non_exhaustive]

@@ -148,10 +148,12 @@ pub(crate) async fn left_behind(
         return Ok(None);
     }
     let row: LeftBehindRow = diesel::sql_query(LEFT_BEHIND).get_result(conn).await?;
-    Ok((row.unmarked || row.copies > 0).then_some(StreamLeftBehind {
-        stream_dead_letters: row.copies,
-        unmarked: row.unmarked,
-    }))
+    Ok(
+        (row.unmarked || row.copies > 0).then_some(StreamLeftBehind {
+            stream_dead_letters: row.copies,
+            unmarked: row.unmarked,
+        }),
+    )
 }
 
 /// What [`hand_over`] did.

@@ -2,6 +2,7 @@
 //! relay sessions in `sessions`.
 
 pub(crate) mod handover;
+mod listener;
 pub(crate) mod partition;
 pub(super) mod sessions;
 pub(super) mod sql;
@@ -125,7 +126,7 @@ impl Connector for PgConnector {
 /// ```
 pub struct PgRelayStore {
     base: Base<PgConnector>,
-    listener: Option<AsyncPgConnection>,
+    listener: Option<listener::Listener>,
     listen: bool,
     /// Whether the relay settles on a connection of its own ([`PgRelayStore::settle_beside`]).
     settle_beside: bool,

@@ -51,6 +51,27 @@ pub const DEFAULT_SLOTS: u16 = 4;
 /// turns in 4.6 days).
 pub const DEFAULT_SLOT_XIDS: u64 = 10_000_000;
 
+/// The fewest partitions in a ring.
+pub const MIN_SLOTS: u16 = 2;
+
+/// The most partitions in a ring.
+pub const MAX_SLOTS: u16 = 64;
+
+/// The most transaction ids a turn of the ring (`slots × slot_xids`) may span: 2^62. The
+/// ring's arithmetic (a writer's slot, the headroom in `outbox status`, the cleanup's floor)
+/// adds a turn to a current transaction id in `bigint`; this leaves 2^62 ids for those.
+pub const MAX_RING_XIDS: u64 = 1 << 62;
+
+/// The largest `slot_xids` for `slots` partitions: [`MAX_RING_XIDS`] / `slots`.
+///
+/// ```
+/// use outbox_diesel::relay::partitions::{MAX_RING_XIDS, max_slot_xids};
+/// assert_eq!(max_slot_xids(4), MAX_RING_XIDS / 4);
+/// ```
+pub fn max_slot_xids(slots: u16) -> u64 {
+    MAX_RING_XIDS / u64::from(slots.max(1))
+}
+
 #[derive(QueryableByName)]
 struct Moved {
     #[diesel(sql_type = BigInt)]

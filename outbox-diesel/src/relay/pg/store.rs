@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use diesel::sql_types::{Array, BigInt, Bool, Double, SmallInt, Text};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::RunQueryDsl;
 use outbox_core::relay::{
     Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
 };
@@ -294,32 +294,16 @@ impl RelayStore for PgRelayStore {
             return;
         }
         if self.listener.is_none() {
-            match AsyncPgConnection::establish(self.base.url()).await {
-                Ok(mut l) => match l.batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}")).await {
-                    Ok(()) => self.listener = Some(l),
-                    Err(e) => tracing::warn!(error = %e, "LISTEN failed; polling"),
-                },
-                Err(e) => tracing::warn!(error = %e, "listener connection failed; polling"),
+            match super::listener::Listener::connect(self.base.url()).await {
+                Ok(l) => self.listener = Some(l),
+                Err(e) => tracing::warn!(error = %e, "no LISTEN connection; polling"),
             }
         }
-        let Some(listener) = self.listener.as_mut() else {
+        let Some(listener) = self.listener.as_ref() else {
             tokio::time::sleep(timeout).await;
             return;
         };
-        use futures_util::StreamExt;
-        let lost = {
-            let mut stream = std::pin::pin!(listener.notifications_stream());
-            match tokio::time::timeout(timeout, stream.next()).await {
-                // A notification only wakes the relay; it never carries data.
-                Ok(Some(Ok(_))) | Err(_) => false,
-                Ok(Some(Err(e))) => {
-                    tracing::warn!(error = %e, "listener connection lost; reconnecting later");
-                    true
-                }
-                Ok(None) => true,
-            }
-        };
-        if lost {
+        if !listener.wait(timeout).await {
             self.listener = None;
         }
     }
