@@ -1,17 +1,23 @@
-//! A consumer's database refusing connections for 10 s (`ALTER DATABASE … WITH
-//! ALLOW_CONNECTIONS false`, open sessions terminated), with a handler written the usual way:
-//! its own `thiserror` enum with `#[from]` diesel-async's deadpool `PoolError`, a pool with
-//! deadpool's defaults, and the consumer's defaults. New connections fail with `database "…"
-//! is not currently accepting connections` (SQLSTATE 55000), which reaches the handler as the
-//! pool's "Error occurred while creating a new object".
+//! A consumer's database going away for 10 s, with a handler written the usual way: its own
+//! `thiserror` enum with `#[from]` diesel-async's deadpool `PoolError`, a pool with deadpool's
+//! defaults, and the consumer's defaults. Two ways:
+//! - refusing connections (`ALTER DATABASE … WITH ALLOW_CONNECTIONS false`, open sessions
+//!   terminated): new connections fail with `database "…" is not currently accepting
+//!   connections` (SQLSTATE 55000), which reaches the handler as the pool's "Error occurred
+//!   while creating a new object";
+//! - the server stopped (`pg_ctl stop -m fast`, a private cluster) and started again: lost
+//!   connections, then refused ones.
 //!
 //! The promise: that is an outage whatever features the service enabled (only `postgres`,
 //! `async` and `kafka` on `outbox` are needed; nothing here depends on a pool feature): 0
-//! messages dead-lettered, every event applied exactly once.
+//! messages dead-lettered, every event applied exactly once, every key's effects in publish
+//! order. Each test prints its figures.
 
 use std::time::{Duration, Instant};
 
+use diesel::QueryableByName;
 use diesel::RunQueryDsl;
+use diesel::sql_types::BigInt;
 use diesel_async::AsyncPgConnection;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::{Pool, PoolError};
@@ -19,10 +25,11 @@ use outbox::kafka::KafkaConsumer;
 use outbox::{Envelope, idempotent};
 
 use crate::conns::*;
+use crate::private_postgres::PrivatePostgres;
 use crate::support::*;
 use crate::through_broker::{bootstrap, n, publisher, topic, unique};
 
-const REFUSED: Duration = Duration::from_secs(10);
+const AWAY: Duration = Duration::from_secs(10);
 const KEYS: i64 = 10;
 const BATCHES: i64 = 30;
 
@@ -50,11 +57,18 @@ async fn record(
     Ok(())
 }
 
-/// Runs `sql` on the server's admin database.
-fn admin(sql: &str) {
-    let mut conn =
-        <diesel::PgConnection as diesel::Connection>::establish(&postgres_admin_url()).unwrap();
+/// Runs `sql` on the server's admin database at `admin`.
+fn admin(admin: &str, sql: &str) {
+    let mut conn = <diesel::PgConnection as diesel::Connection>::establish(admin).unwrap();
     diesel::sql_query(sql).execute(&mut conn).unwrap();
+}
+
+#[derive(QueryableByName)]
+struct Effect {
+    #[diesel(sql_type = BigInt)]
+    order_id: i64,
+    #[diesel(sql_type = BigInt)]
+    amount: i64,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,6 +76,65 @@ async fn a_database_refusing_connections_dead_letters_nothing_through_a_users_th
 {
     let db = with_effects_async::<AsyncPgConnection>(TestDatabase::postgres("refusing")).await;
     let name = db.url.rsplit_once('/').unwrap().1.to_owned();
+    let url = postgres_admin_url();
+    let (refuse, allow) = (url.clone(), url);
+    let (n1, n2) = (name.clone(), name);
+    away_for(
+        "refusing connections",
+        &db,
+        move || {
+            admin(
+                &refuse,
+                &format!("ALTER DATABASE {n1} WITH ALLOW_CONNECTIONS false"),
+            );
+            admin(
+                &refuse,
+                &format!(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{n1}'"
+                ),
+            );
+        },
+        move || {
+            admin(
+                &allow,
+                &format!("ALTER DATABASE {n2} WITH ALLOW_CONNECTIONS true"),
+            )
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_stopped_and_restarted_dead_letters_nothing_through_a_users_thiserror_pool_error()
+ {
+    let pg = std::sync::Arc::new(
+        tokio::task::spawn_blocking(PrivatePostgres::start)
+            .await
+            .unwrap(),
+    );
+    let db =
+        with_effects_async::<AsyncPgConnection>(TestDatabase::postgres_on(pg.url(), "stopped"))
+            .await;
+    let (stop, start) = (pg.clone(), pg.clone());
+    away_for(
+        "stopped (pg_ctl stop -m fast), then started",
+        &db,
+        move || stop.ctl("stop"),
+        move || start.ctl("start"),
+    )
+    .await;
+    drop(db); // dropped on the running cluster, before the cluster goes
+}
+
+/// Publishes `BATCHES` × 10 events of `KEYS` keys over about 8 s while a consumer applies them
+/// through [`record`]; once it applied some, the database goes `away` for [`AWAY`], then
+/// comes `back`. Asserts the promise of the module and prints the figures.
+async fn away_for(
+    what: &str,
+    db: &TestDatabase,
+    away: impl FnOnce() + Send + 'static,
+    back: impl FnOnce() + Send + 'static,
+) {
     let pool: Pool<AsyncPgConnection> =
         Pool::builder(AsyncDieselConnectionManager::new(db.url.clone()))
             .max_size(4)
@@ -122,18 +195,11 @@ async fn a_database_refusing_connections_dead_letters_nothing_through_a_users_th
         applied_before > 0,
         "the consumer applied nothing: {stats:?}"
     );
-    admin(&format!(
-        "ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false"
-    ));
-    admin(&format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
-    ));
-    tokio::time::sleep(REFUSED).await;
+    tokio::task::spawn_blocking(away).await.unwrap();
+    tokio::time::sleep(AWAY).await;
     let retried = n(&stats.transient_errors);
     let dead_during = n(&stats.dead_lettered);
-    admin(&format!(
-        "ALTER DATABASE {name} WITH ALLOW_CONNECTIONS true"
-    ));
+    tokio::task::spawn_blocking(back).await.unwrap();
     let allowed_at = Instant::now();
     publishing.await.unwrap();
 
@@ -161,7 +227,7 @@ async fn a_database_refusing_connections_dead_letters_nothing_through_a_users_th
     );
     assert!(retried > 0, "the refusal was met: {stats:?}");
 
-    let mut conn = <AsyncPgConnection as AsyncConn>::open(&db).await;
+    let mut conn = <AsyncPgConnection as AsyncConn>::open(db).await;
     assert_eq!(conn.count(COUNT_INBOX).await, total as i64);
     assert_eq!(
         conn.count("SELECT COUNT(DISTINCT event_id) AS n FROM effects")
@@ -173,9 +239,27 @@ async fn a_database_refusing_connections_dead_letters_nothing_through_a_users_th
         total as i64,
         "each event applied exactly once"
     );
+    let effects: Vec<Effect> = diesel_async::RunQueryDsl::load(
+        diesel::sql_query("SELECT order_id, amount FROM effects ORDER BY n"),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    for key in 0..KEYS {
+        let seq: Vec<i64> = effects
+            .iter()
+            .filter(|e| e.order_id == key)
+            .map(|e| e.amount)
+            .collect();
+        assert_eq!(
+            seq,
+            (0..total as i64 / KEYS).collect::<Vec<_>>(),
+            "order {key}'s effects in publish order"
+        );
+    }
     eprintln!(
-        "database refusing connections for {REFUSED:?}: {applied_before} events applied \
-         before, {retried} transient failures retried during the refusal, 0 dead-lettered; \
-         the backlog applied {recovered:?} after connections were allowed again"
+        "consumer database {what} for {AWAY:?}: {total} events, {applied_before} applied \
+         before, {retried} transient failures retried while away, 0 dead-lettered, each \
+         applied once in publish order; the backlog applied {recovered:?} after it was back"
     );
 }

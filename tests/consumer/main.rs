@@ -10,6 +10,9 @@
 //! Every test creates its own database (see `support::TestDatabase`) and drops it at the end.
 //! Run with `cargo test --all-features --test consumer`.
 
+#[path = "../integration/private_postgres.rs"]
+#[allow(dead_code)]
+mod private_postgres;
 #[path = "../integration/support.rs"]
 mod support;
 

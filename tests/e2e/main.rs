@@ -5,6 +5,8 @@
 //! Run with `cargo test --all-features --test e2e`.
 #![allow(missing_docs)]
 
+#[path = "../integration/private_postgres.rs"]
+mod private_postgres;
 #[path = "../integration/support.rs"]
 mod support;
 

@@ -60,8 +60,14 @@ enum Kind {
 impl TestDatabase {
     #[cfg(feature = "postgres")]
     pub fn postgres(label: &str) -> Self {
+        Self::postgres_on(postgres_admin_url(), label)
+    }
+
+    /// [`TestDatabase::postgres`] on the server of `admin` (a URL of a database there that
+    /// may create others), e.g. a test's private cluster.
+    #[cfg(feature = "postgres")]
+    pub fn postgres_on(admin: String, label: &str) -> Self {
         use diesel::{Connection, RunQueryDsl};
-        let admin = postgres_admin_url();
         let name = unique_name(label);
         let mut conn = diesel::PgConnection::establish(&admin)
             .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {admin}: {e}"));

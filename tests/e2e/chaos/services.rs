@@ -2,12 +2,13 @@
 //! behind a [`TcpProxy`], a PostgreSQL cluster of its own), relay processes with the relay's
 //! default settings, and `outbox status`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::proxy::{Mode, TcpProxy};
 use crate::harness::RelayProcess;
+pub use crate::private_postgres::{PrivatePostgres, free_port};
 
 pub fn wait_port(port: u16) {
     let start = Instant::now();
@@ -18,15 +19,6 @@ pub fn wait_port(port: u16) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// A port nothing listens on now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A tansu broker of our own (in memory), reached only through a [`TcpProxy`]: tansu
@@ -96,118 +88,6 @@ impl Drop for PrivateBroker {
     fn drop(&mut self) {
         let _ = self.tansu.kill();
         let _ = self.tansu.wait();
-    }
-}
-
-/// A PostgreSQL cluster of our own (initdb in a temporary directory), restartable without
-/// disturbing other tests.
-pub struct PrivatePostgres {
-    dir: PathBuf,
-    pub port: u16,
-}
-
-pub fn pg_bin(name: &str) -> PathBuf {
-    let root = Path::new("/usr/lib/postgresql");
-    let mut versions: Vec<_> = std::fs::read_dir(root)
-        .unwrap_or_else(|_| {
-            panic!(
-                "PostgreSQL server binaries not found under {}",
-                root.display()
-            )
-        })
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    versions.sort();
-    versions
-        .last()
-        .expect("a PostgreSQL version")
-        .join("bin")
-        .join(name)
-}
-
-fn as_postgres(cmd: &mut Command) -> std::process::ExitStatus {
-    // The server refuses to run as root; the tests may run as root.
-    let is_root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout.starts_with(b"0\n"))
-        .unwrap_or(false);
-    let status = if is_root {
-        let mut wrapped = Command::new("runuser");
-        wrapped
-            .args(["-u", "postgres", "--"])
-            .arg(cmd.get_program())
-            .args(cmd.get_args());
-        wrapped.stdout(Stdio::null()).stderr(Stdio::null()).status()
-    } else {
-        cmd.stdout(Stdio::null()).stderr(Stdio::null()).status()
-    };
-    status.unwrap()
-}
-
-impl PrivatePostgres {
-    pub fn start() -> Self {
-        let port = free_port();
-        let dir =
-            std::env::temp_dir().join(format!("outbox-chaos-pg-{}-{port}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let _ = Command::new("chown")
-            .args(["postgres:postgres"])
-            .arg(&dir)
-            .status();
-        let data = dir.join("data");
-        assert!(
-            as_postgres(
-                Command::new(pg_bin("initdb"))
-                    .args(["-A", "trust", "-U", "postgres", "-D"])
-                    .arg(&data)
-            )
-            .success(),
-            "initdb failed"
-        );
-        let pg = PrivatePostgres { dir, port };
-        pg.ctl("start");
-        pg
-    }
-
-    /// `pg_ctl <action>` with fast shutdown (active sessions are terminated).
-    pub fn ctl(&self, action: &str) {
-        self.ctl_with(action, "fast");
-    }
-
-    /// `pg_ctl` with a shutdown mode: `fast` (a clean shutdown: every commit is flushed) or
-    /// `immediate` (the server is killed and recovers from its WAL at the next start, as after
-    /// a crash: commits made without waiting for their flush may be lost).
-    pub fn ctl_with(&self, action: &str, mode: &str) {
-        let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200",
-            self.port,
-            self.dir.display()
-        );
-        let ok = as_postgres(
-            Command::new(pg_bin("pg_ctl"))
-                .args(["-D"])
-                .arg(self.dir.join("data"))
-                .args(["-w", "-m", mode, "-o", &opts, action]),
-        );
-        assert!(ok.success(), "pg_ctl {action} failed");
-    }
-
-    pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for PrivatePostgres {
-    fn drop(&mut self) {
-        let _ = as_postgres(
-            Command::new(pg_bin("pg_ctl"))
-                .args(["-D"])
-                .arg(self.dir.join("data"))
-                .args(["-m", "immediate", "stop"]),
-        );
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
