@@ -117,7 +117,7 @@ async fn a_database_stopped_and_restarted_dead_letters_nothing_through_a_users_t
             .await;
     let (stop, start) = (pg.clone(), pg.clone());
     away_for(
-        "stopped (pg_ctl stop -m fast), then started",
+        "stopped with pg_ctl stop -m fast, then started",
         &db,
         move || stop.ctl("stop"),
         move || start.ctl("start"),
@@ -258,7 +258,7 @@ async fn away_for(
         );
     }
     eprintln!(
-        "consumer database {what} for {AWAY:?}: {total} events, {applied_before} applied \
+        "consumer database away for {AWAY:?} ({what}): {total} events, {applied_before} applied \
          before, {retried} transient failures retried while away, 0 dead-lettered, each \
          applied once in publish order; the backlog applied {recovered:?} after it was back"
     );

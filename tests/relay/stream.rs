@@ -1264,6 +1264,14 @@ async fn replay_and_retry_after_switching_to_stream_publish_again() {
         let twice: Vec<i64> = (1..=10).chain(1..=10).collect();
         assert_eq!(numbers_of(&records, a), twice, "{a}");
     }
+    // Each copy goes once its publish is settled.
+    assert!(
+        wait_for(5, || Postgres::count(
+            &db,
+            "SELECT COUNT(*) AS n FROM outbox_stream_dead_letters"
+        ) == 0)
+        .await
+    );
     assert_eq!(admin.count(&Filter::default(), true).await.unwrap(), 0);
 
     // A dead row the positions passed (a lease mode's dead letter the stream skipped).
