@@ -320,3 +320,75 @@ async fn an_event_inside_the_wake_window_does_not_wait_a_poll_interval() {
     stop.send(()).unwrap();
     handle.await.unwrap();
 }
+
+/// Large events: 60 events of 100 KB, batch 50, 4 batches in flight, and the events in flight
+/// bounded at 1 MB. Without the bound the first batch would hold 5 MB and four in flight
+/// 20 MB; with it the relay claims fewer rows once it has seen how large they are, and never
+/// has more than the bound (plus the one batch claimed before it knew) in flight. Every
+/// event is published once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_in_flight_stay_under_their_bound_in_bytes() {
+    /// Publishes slowly, recording the bytes of payload in flight as each publish starts.
+    struct Weighing {
+        broker: MemoryBroker,
+        in_flight: AtomicUsize,
+        at_start: Mutex<Vec<usize>>,
+    }
+    impl Publisher for Weighing {
+        async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Delivery> {
+            let bytes: usize = batch.iter().map(|m| m.payload.len()).sum();
+            let now = self.in_flight.fetch_add(bytes, Ordering::SeqCst) + bytes;
+            self.at_start.lock().unwrap().push(now);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let out = self.broker.publish(batch).await;
+            self.in_flight.fetch_sub(bytes, Ordering::SeqCst);
+            out
+        }
+    }
+
+    const EVENT: usize = 100_000;
+    const BOUND: usize = 1_000_000;
+    let store = MemoryStore::default();
+    for i in 0..60 {
+        let mut m = test_message("doc", &format!("d{i}"), "Uploaded");
+        m.payload = format!("\"{}\"", "x".repeat(EVENT - 2));
+        store.insert(m);
+    }
+    let publisher = Arc::new(Weighing {
+        broker: MemoryBroker::new(),
+        in_flight: AtomicUsize::new(0),
+        at_start: Mutex::new(Vec::new()),
+    });
+    let relay = Relay::new(
+        store.clone(),
+        publisher.clone(),
+        RelayConfig {
+            mode: Mode::Unordered,
+            batch_size: 50,
+            max_in_flight_bytes: BOUND,
+            ..config(4)
+        },
+    )
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async move {
+        stopped.await.ok();
+    }));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while publisher.broker.records("doc").len() < 60 {
+        assert!(std::time::Instant::now() < deadline, "not all published");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    assert_eq!(publisher.broker.records("doc").len(), 60, "each once");
+    // The first claim, made before any event was seen, takes a whole batch; every publish
+    // after it starts with at most the bound in flight (and the one event that reaches it).
+    let at_start = publisher.at_start.lock().unwrap().clone();
+    assert_eq!(at_start[0], 50 * EVENT, "{at_start:?}");
+    assert!(
+        at_start[1..].iter().all(|b| *b <= BOUND + EVENT),
+        "bytes in flight as each publish started: {at_start:?}"
+    );
+    assert!(at_start.len() > 2, "{at_start:?}");
+}

@@ -102,6 +102,10 @@ struct RelayArgs {
     /// while one is published (1: one batch at a time).
     #[arg(long, env = "OUTBOX_MAX_IN_FLIGHT", default_value_t = 4)]
     max_in_flight: usize,
+    /// Bytes of events (payloads, headers, keys) the batches in flight may hold: with large
+    /// events the relay claims fewer at a time, so its memory stays near this.
+    #[arg(long, env = "OUTBOX_MAX_IN_FLIGHT_BYTES", default_value_t = outbox::relay::DEFAULT_MAX_IN_FLIGHT_BYTES)]
+    max_in_flight_bytes: usize,
     /// Milliseconds between polls of an empty outbox (PostgreSQL's NOTIFY wakes earlier).
     #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", default_value_t = 500)]
     poll_interval: u64,
@@ -410,6 +414,7 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
         publish_timeout,
         max_attempts: args.max_attempts,
         max_in_flight: args.max_in_flight,
+        max_in_flight_bytes: args.max_in_flight_bytes,
         completion: if args.delete_published {
             Completion::Delete
         } else {

@@ -170,6 +170,14 @@ pub struct RelayConfig {
     /// settled. After a broker outage the relay probes with one batch at a time until a batch
     /// goes through.
     pub max_in_flight: usize,
+    /// Upper bound on the size of the events in flight (payloads, headers and keys of the
+    /// batches being published), so that large events cannot grow the relay's memory to
+    /// `max_in_flight × batch_size` of them: a claim asks for fewer rows when the last events
+    /// were large, and the oldest batches are settled before another is claimed while those
+    /// in flight hold this much. An event larger than the bound is claimed alone. Stream mode
+    /// also holds the rows it read ahead (see `PgRelayStore::stream_read_ahead`). Default
+    /// 64 MiB.
+    pub max_in_flight_bytes: usize,
     /// How long the relay keeps looking for new rows every few milliseconds after a claim
     /// that found rows or a wake-up (a notification), before it falls back to waiting
     /// [`poll_interval`](Self::poll_interval) (default 150 ms; zero turns it off).
@@ -207,6 +215,7 @@ impl Default for RelayConfig {
             },
             session_check: Some(Duration::from_secs(1)),
             max_in_flight: 4,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             // The notify throttle's default (100 ms) and 50 ms for the writer's transaction
             // between its notification decision and its commit.
             wake_window: Duration::from_millis(150),
@@ -216,6 +225,9 @@ impl Default for RelayConfig {
 
 /// The most batches a relay may have in flight.
 pub const MAX_IN_FLIGHT: usize = 64;
+
+/// [`RelayConfig::max_in_flight_bytes`] unless set: 64 MiB.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
 
 /// The longest lease, publish timeout and backoff delay: one day. Longer leases gain nothing
 /// (a dead relay's work would wait that long) and would approach the limits of the stores:
@@ -287,6 +299,12 @@ impl RelayConfig {
                     "poll_interval must be between 1ns and {MAX_POLL_INTERVAL:?}, got {:?}",
                     self.poll_interval
                 ),
+            ));
+        }
+        if self.max_in_flight_bytes == 0 {
+            return Err(ConfigError::new(
+                "max_in_flight_bytes",
+                "max_in_flight_bytes must be at least 1".to_owned(),
             ));
         }
         if self.max_in_flight == 0 || self.max_in_flight > MAX_IN_FLIGHT {

@@ -62,6 +62,9 @@ pub struct Relay<S, P> {
     /// Ordered modes: whether the relay works alone (the leader, or the only live sharded
     /// relay), and so settles beside its claims (see `run`).
     alone: bool,
+    /// The largest event of the last batches, decaying by a quarter a batch: what a claim
+    /// expects an event to weigh under [`max_in_flight_bytes`](RelayConfig::max_in_flight_bytes).
+    event_bytes: usize,
 }
 
 impl<S: RelayStore, P: Publisher> Relay<S, P> {
@@ -80,12 +83,29 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             id_conflict: None,
             beside: None,
             alone: false,
+            event_bytes: 0,
         })
     }
 
     /// The relay's counters.
     pub fn stats(&self) -> Arc<RelayStats> {
         self.stats.clone()
+    }
+
+    /// Rows to claim: the batch size, or fewer where the events are large, so that the events
+    /// in flight stay under [`max_in_flight_bytes`](RelayConfig::max_in_flight_bytes) (at
+    /// least one: an event larger than the bound goes alone).
+    fn claim_limit(&self, window: &Window) -> usize {
+        match self.event_bytes {
+            0 => self.config.batch_size,
+            each => {
+                let left = self
+                    .config
+                    .max_in_flight_bytes
+                    .saturating_sub(window.bytes());
+                (left / each).clamp(1, self.config.batch_size)
+            }
+        }
     }
 
     /// Runs until `shutdown` completes, then finishes every batch in flight (its publish and
@@ -160,6 +180,8 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             } else {
                 self.config.max_in_flight
             };
+            // And as many as keep the events in flight under their bound in bytes.
+            let limit = limit.min(window.room_under(self.config.max_in_flight_bytes));
             if let Some(wait) = self
                 .settle_ready(&mut window, Until::Room(limit), &mut broker_outage)
                 .await
@@ -265,7 +287,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             }
             let claim = Claim {
                 relay: &self.config.relay_id,
-                limit: self.config.batch_size,
+                limit: self.claim_limit(&window),
                 lease: self.config.lease,
                 order: self.claim_order(),
                 // Beside batches in flight: the rows in flight (at most one batch each) and
@@ -291,6 +313,9 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 }
             };
             outage = 0;
+            if let Some(largest) = batch.iter().map(window::event_bytes).max() {
+                self.event_bytes = largest.max(self.event_bytes - self.event_bytes / 4);
+            }
             if ordered {
                 overlap.claimed(overlapped, batch.len(), claim.limit);
             }

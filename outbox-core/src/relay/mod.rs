@@ -21,8 +21,9 @@ mod store;
 
 pub use crate::backoff::Backoff;
 pub use config::{
-    ConfigError, DeadLetterPolicy, MAX_IN_FLIGHT, MAX_LEASE, MAX_POLL_INTERVAL, MAX_RETENTION,
-    Mode, RelayConfig, Retention, check_relay_id, default_relay_id,
+    ConfigError, DEFAULT_MAX_IN_FLIGHT_BYTES, DeadLetterPolicy, MAX_IN_FLIGHT, MAX_LEASE,
+    MAX_POLL_INTERVAL, MAX_RETENTION, Mode, RelayConfig, Retention, check_relay_id,
+    default_relay_id,
 };
 pub use engine::Relay;
 pub use headers::message_headers;

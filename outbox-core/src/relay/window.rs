@@ -20,6 +20,22 @@ pub(super) struct InFlight {
     /// When it was claimed: its lease runs out a lease later.
     pub(super) claimed: Instant,
     publish: JoinHandle<Vec<Delivery>>,
+    /// Its events' size ([`event_bytes`]).
+    bytes: usize,
+}
+
+/// What an event holds in memory, near enough to bound the relay's: its payload, headers,
+/// and the text of its keys.
+pub(super) fn event_bytes(m: &OutboxMessage) -> usize {
+    const FIXED: usize = 128; // the struct, its id, times and numbers
+    let headers: usize = m.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    FIXED
+        + m.payload.len()
+        + headers
+        + m.aggregate_type.len()
+        + m.aggregate_id.len()
+        + m.event_type.len()
+        + m.topic.as_ref().map_or(0, String::len)
 }
 
 /// The batches in flight, oldest first. Dropping it (the relay's future dropped without a
@@ -27,6 +43,8 @@ pub(super) struct InFlight {
 #[derive(Default)]
 pub(super) struct Window {
     batches: VecDeque<InFlight>,
+    /// The size of the batches' events ([`event_bytes`]).
+    bytes: usize,
 }
 
 impl Drop for Window {
@@ -46,17 +64,40 @@ impl Window {
         self.batches.is_empty()
     }
 
+    /// The size of the events in flight ([`event_bytes`]).
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The most batches that may stay in flight, plus one (a room limit, as
+    /// `max_in_flight` is), for the events in flight to stay under `bound` bytes once the
+    /// oldest are settled.
+    pub(super) fn room_under(&self, bound: usize) -> usize {
+        let mut bytes = self.bytes;
+        let mut kept = self.batches.len();
+        for b in &self.batches {
+            if bytes < bound {
+                break;
+            }
+            bytes -= b.bytes;
+            kept -= 1;
+        }
+        kept + 1
+    }
+
     /// The oldest batch, if its publish has finished.
     pub(super) fn pop_finished(&mut self) -> Option<InFlight> {
         if self.batches.front()?.publish.is_finished() {
-            self.batches.pop_front()
+            self.pop_oldest()
         } else {
             None
         }
     }
 
     pub(super) fn pop_oldest(&mut self) -> Option<InFlight> {
-        self.batches.pop_front()
+        let batch = self.batches.pop_front()?;
+        self.bytes -= batch.bytes;
+        Some(batch)
     }
 }
 
@@ -147,11 +188,14 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             })
         };
         let publish = tokio::spawn(publish.instrument(span.clone()));
+        let bytes = batch.iter().map(event_bytes).sum();
+        window.bytes += bytes;
         window.batches.push_back(InFlight {
             batch,
             span,
             claimed,
             publish,
+            bytes,
         });
     }
 
