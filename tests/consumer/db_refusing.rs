@@ -15,9 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use diesel::QueryableByName;
 use diesel::RunQueryDsl;
-use diesel::sql_types::BigInt;
 use diesel_async::AsyncPgConnection;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::{Pool, PoolError};
@@ -25,9 +23,10 @@ use outbox::kafka::KafkaConsumer;
 use outbox::{Envelope, idempotent};
 
 use crate::conns::*;
+use crate::outage::{assert_effects_in_order, publish_paced};
 use crate::private_postgres::PrivatePostgres;
 use crate::support::*;
-use crate::through_broker::{bootstrap, n, publisher, topic, unique};
+use crate::through_broker::{bootstrap, n, topic, unique};
 
 const AWAY: Duration = Duration::from_secs(10);
 const KEYS: i64 = 10;
@@ -61,14 +60,6 @@ async fn record(
 fn admin(admin: &str, sql: &str) {
     let mut conn = <diesel::PgConnection as diesel::Connection>::establish(admin).unwrap();
     diesel::sql_query(sql).execute(&mut conn).unwrap();
-}
-
-#[derive(QueryableByName)]
-struct Effect {
-    #[diesel(sql_type = BigInt)]
-    order_id: i64,
-    #[diesel(sql_type = BigInt)]
-    amount: i64,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,30 +152,7 @@ async fn away_for(
         stopped.await.ok();
     }));
 
-    let publishing = tokio::spawn({
-        let topic = topic.clone();
-        async move {
-            let publisher = publisher(&topic);
-            for batch in 0..BATCHES {
-                let messages: Vec<_> = (0..10)
-                    .map(|i| {
-                        let seq = batch * 10 + i;
-                        claimed(&OrderCreated {
-                            order_id: seq % KEYS,
-                            total_cents: seq / KEYS,
-                        })
-                    })
-                    .collect();
-                let outcomes = outbox::relay::Publisher::publish(&publisher, &messages).await;
-                assert!(
-                    outcomes
-                        .iter()
-                        .all(|o| *o == outbox::relay::Delivery::Published)
-                );
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        }
-    });
+    let publishing = publish_paced(&topic, BATCHES, KEYS);
 
     let joined = Instant::now();
     while n(&stats.applied) == 0 && joined.elapsed() < Duration::from_secs(60) {
@@ -239,24 +207,7 @@ async fn away_for(
         total as i64,
         "each event applied exactly once"
     );
-    let effects: Vec<Effect> = diesel_async::RunQueryDsl::load(
-        diesel::sql_query("SELECT order_id, amount FROM effects ORDER BY n"),
-        &mut conn,
-    )
-    .await
-    .unwrap();
-    for key in 0..KEYS {
-        let seq: Vec<i64> = effects
-            .iter()
-            .filter(|e| e.order_id == key)
-            .map(|e| e.amount)
-            .collect();
-        assert_eq!(
-            seq,
-            (0..total as i64 / KEYS).collect::<Vec<_>>(),
-            "order {key}'s effects in publish order"
-        );
-    }
+    assert_effects_in_order(&mut conn, KEYS, total as i64 / KEYS).await;
     eprintln!(
         "consumer database away for {AWAY:?} ({what}): {total} events, {applied_before} applied \
          before, {retried} transient failures retried while away, 0 dead-lettered, each \

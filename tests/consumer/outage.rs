@@ -155,6 +155,56 @@ struct Effect {
     amount: i64,
 }
 
+/// Publishes `batches` batches of 10 `OrderCreated` to `topic`, one every 250 ms: event `seq`
+/// is of order `seq % keys` and carries its number within that order as `total_cents`.
+pub(crate) fn publish_paced(topic: &str, batches: i64, keys: i64) -> tokio::task::JoinHandle<()> {
+    let topic = topic.to_owned();
+    tokio::spawn(async move {
+        let publisher = publisher(&topic);
+        for batch in 0..batches {
+            let messages: Vec<_> = (0..10)
+                .map(|i| {
+                    let seq = batch * 10 + i;
+                    claimed(&OrderCreated {
+                        order_id: seq % keys,
+                        total_cents: seq / keys,
+                    })
+                })
+                .collect();
+            let outcomes = outbox::relay::Publisher::publish(&publisher, &messages).await;
+            assert!(
+                outcomes
+                    .iter()
+                    .all(|o| *o == outbox::relay::Delivery::Published)
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+}
+
+/// Asserts that each of the `keys` orders' effects are its events `0..per_key`, in that
+/// order (the `effects` table's serial order).
+pub(crate) async fn assert_effects_in_order(conn: &mut AsyncPgConnection, keys: i64, per_key: i64) {
+    let effects: Vec<Effect> = diesel_async::RunQueryDsl::load(
+        diesel::sql_query("SELECT order_id, amount FROM effects ORDER BY n"),
+        conn,
+    )
+    .await
+    .unwrap();
+    for key in 0..keys {
+        let seq: Vec<i64> = effects
+            .iter()
+            .filter(|e| e.order_id == key)
+            .map(|e| e.amount)
+            .collect();
+        assert_eq!(
+            seq,
+            (0..per_key).collect::<Vec<_>>(),
+            "order {key}'s effects in publish order"
+        );
+    }
+}
+
 /// 400 events of 20 orders (each order's events carry its sequence number as `total_cents`),
 /// published over 10 s while the database is cut for 20 s, 2 s in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,30 +250,7 @@ async fn a_20s_database_outage_dead_letters_nothing_and_applies_everything_once_
         stopped.await.ok();
     }));
 
-    let publishing = tokio::spawn({
-        let topic = topic.clone();
-        async move {
-            let publisher = publisher(&topic);
-            for batch in 0..BATCHES {
-                let messages: Vec<_> = (0..10)
-                    .map(|i| {
-                        let seq = batch * 10 + i;
-                        claimed(&OrderCreated {
-                            order_id: seq % KEYS,
-                            total_cents: seq / KEYS,
-                        })
-                    })
-                    .collect();
-                let outcomes = outbox::relay::Publisher::publish(&publisher, &messages).await;
-                assert!(
-                    outcomes
-                        .iter()
-                        .all(|o| *o == outbox::relay::Delivery::Published)
-                );
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        }
-    });
+    let publishing = publish_paced(&topic, BATCHES, KEYS);
 
     // The outage begins mid-stream: once the consumer has applied something (a fixed wait
     // was not always enough for it to join the group on a loaded machine).
@@ -285,24 +312,7 @@ async fn a_20s_database_outage_dead_letters_nothing_and_applies_everything_once_
         total as i64,
         "each event applied exactly once"
     );
-    let effects: Vec<Effect> = diesel_async::RunQueryDsl::load(
-        diesel::sql_query("SELECT order_id, amount FROM effects ORDER BY n"),
-        &mut conn,
-    )
-    .await
-    .unwrap();
-    for key in 0..KEYS {
-        let seq: Vec<i64> = effects
-            .iter()
-            .filter(|e| e.order_id == key)
-            .map(|e| e.amount)
-            .collect();
-        assert_eq!(
-            seq,
-            (0..total as i64 / KEYS).collect::<Vec<_>>(),
-            "order {key}'s effects in publish order"
-        );
-    }
+    assert_effects_in_order(&mut conn, KEYS, total as i64 / KEYS).await;
     eprintln!(
         "consumer database outage: cut for {:?} ({applied_before} events applied before, \
          {applied_during} during); {} transient failures retried ({retries_during} during the \
