@@ -464,8 +464,9 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
             .to_string(),
         ));
     }
-    if config.mode != Mode::Stream && matches!(backend, Backend::Postgres) {
-        ops::refuse_after_stream(&url).await?;
+    if matches!(backend, Backend::Postgres) {
+        let block = config.dead_letters == outbox::relay::DeadLetterPolicy::Block;
+        ops::refuse_mode_switch(&url, config.mode == Mode::Stream, block).await?;
     }
     match backend {
         Backend::Postgres => {

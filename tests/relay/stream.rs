@@ -1393,3 +1393,50 @@ async fn switching_from_stream_to_a_lease_mode_is_refused_until_handed_over() {
     assert_eq!(numbers_of(&records, "x"), (1..=6).collect::<Vec<_>>());
     assert_eq!(records.len(), 10, "nothing twice: {records:?}");
 }
+
+/// A switch to `stream` on a table with a lease mode's dead letter: a stream claim that
+/// keeps dead letters blocking is refused (stream mode would publish the aggregate's later
+/// events past it), naming what to do; once it is purged, the stream claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_to_stream_with_lease_dead_letters_is_refused_until_they_are_dealt_with() {
+    let db = Postgres::database("stream_after_dead");
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    for n in 1..=3 {
+        insert(&mut conn, "x", n);
+    }
+    exec(
+        &mut conn,
+        "UPDATE outbox_events SET dead_at = now(), attempts = 10, last_error = 'refused' \
+         WHERE payload->>'n' = '1'",
+    );
+    let mut store = PgRelayStore::new(&db.url);
+    store
+        .rebalance_shards("r", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let claim = Claim {
+        relay: "r",
+        limit: 100,
+        lease: Duration::from_secs(5),
+        look_ahead: None,
+        settling: &[],
+        order: ClaimOrder::Stream {
+            dead_letters_block: true,
+        },
+    };
+    let err = store.claim(&claim).await.unwrap_err();
+    let dead = std::error::Error::source(&err)
+        .and_then(|e| e.downcast_ref::<LeaseDeadLetters>())
+        .unwrap_or_else(|| panic!("a LeaseDeadLetters: {err}"));
+    assert_eq!(dead.count, 1);
+    assert!(
+        err.to_string().contains("retry or purge them first"),
+        "{err}"
+    );
+    exec(
+        &mut conn,
+        "DELETE FROM outbox_events WHERE dead_at IS NOT NULL",
+    );
+    let got = store.claim(&claim).await.unwrap();
+    assert_eq!(got.len(), 2, "x2 and x3");
+}

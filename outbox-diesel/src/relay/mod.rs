@@ -32,7 +32,7 @@ pub use mysql::MysqlRelayStore;
 pub use pg::PgRelayStore;
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use pg::handover::{Handover, StreamLeftBehind};
+pub use pg::handover::{Handover, LeaseDeadLetters, StreamLeftBehind};
 /// How many rows a stream-mode claim reads at least by default
 /// ([`PgRelayStore::stream_read_ahead`]).
 #[cfg(feature = "postgres_backend")]

@@ -528,17 +528,40 @@ pub async fn stream_handover(args: HandoverArgs) -> Result<ExitCode, Fatal> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Refuses to start a relay in a lease mode on a PostgreSQL table that stream mode left rows
-/// in (it would publish them again or never release them). The store refuses its claims
-/// too; this says so before anything starts. A database that cannot be asked now (down, not
-/// migrated yet) is left to the relay, which waits for it and asks again.
-pub async fn refuse_after_stream(url: &str) -> Result<(), Fatal> {
+/// Refuses to start a relay on a PostgreSQL table the other kind of mode left rows in: a
+/// lease-mode relay where stream mode left published rows unmarked or dead letters (it would
+/// publish them again or never release them), a stream relay that keeps dead letters
+/// blocking where the lease modes left dead letters (it would publish their aggregates'
+/// later events past them). The store refuses its claims too; this says so before anything
+/// starts. A database that cannot be asked now (down, not migrated yet) is left to the
+/// relay, which waits for it and asks again.
+pub async fn refuse_mode_switch(
+    url: &str,
+    stream: bool,
+    dead_letters_block: bool,
+) -> Result<(), Fatal> {
     let Ok(c) = diesel_async::AsyncPgConnection::establish(url).await else {
         return Ok(());
     };
-    match Admin::new(c).stream_left_behind().await {
-        Ok(Some(left)) => Err(Fatal(format!("outbox relay: {left}"))),
-        Ok(None) | Err(_) => Ok(()),
+    let mut admin = Admin::new(c);
+    let refused = match (stream, dead_letters_block) {
+        (false, _) => admin
+            .stream_left_behind()
+            .await
+            .ok()
+            .flatten()
+            .map(|l| l.to_string()),
+        (true, true) => admin
+            .lease_dead_letters()
+            .await
+            .ok()
+            .flatten()
+            .map(|l| l.to_string()),
+        (true, false) => None,
+    };
+    match refused {
+        Some(why) => Err(Fatal(format!("outbox relay: {why}"))),
+        None => Ok(()),
     }
 }
 

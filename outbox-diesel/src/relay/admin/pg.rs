@@ -215,6 +215,18 @@ impl super::Admin<AsyncPgConnection> {
         )
     }
 
+    /// The lease modes' dead letters, if any: a stream relay that keeps dead letters
+    /// blocking refuses to claim while there are some, since stream mode would not hold
+    /// their aggregates' later events back (retry or purge them first).
+    pub async fn lease_dead_letters(
+        &mut self,
+    ) -> Result<Option<crate::relay::LeaseDeadLetters>, AdminError> {
+        db(
+            "count the lease modes' dead letters",
+            crate::relay::pg::handover::lease_dead_letters(&mut self.conn).await,
+        )
+    }
+
     /// Hands the table over from `stream` to a lease mode, in one transaction: the events
     /// the stream relays published (behind their positions, unmarked) are marked published,
     /// their dead letters become dead rows again (attempts and error kept), and the events

@@ -1,5 +1,12 @@
-//! Switching a table from `stream` back to a lease mode.
+//! Switching a table between `stream` and the lease modes.
 //!
+//! To `stream`: the stream skips what the lease modes published or dead-lettered, but a
+//! lease-mode dead letter is a row with `dead_at` set, which the stream's parking (by
+//! `outbox_stream_dead_letters`) does not see: the later events of its aggregate would be
+//! published past it. So a stream claim that keeps dead letters blocking is refused while
+//! there are any ([`LeaseDeadLetters`]): retry or purge them first.
+//!
+//! Back to a lease mode:
 //! Stream mode never marks an event row: it leaves `published_at` NULL on what it published
 //! (its positions say what is done) and keeps its dead letters and parked events in
 //! `outbox_stream_dead_letters`. A lease-mode relay reads rows by their state, so it would
@@ -154,6 +161,48 @@ pub(crate) async fn left_behind(
             unmarked: row.unmarked,
         }),
     )
+}
+
+/// Dead rows of the lease modes (`dead_at` set, not published), on the dead rows' index.
+const LEASE_DEAD: &str = "SELECT COUNT(*) AS n FROM outbox_events \
+     WHERE dead_at IS NOT NULL AND published_at IS NULL";
+
+#[derive(QueryableByName)]
+struct CountRow {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// A stream claim refused on a table that holds dead letters of the lease modes: stream mode
+/// would not hold their aggregates' later events back (see the [module](self)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseDeadLetters {
+    /// How many.
+    pub count: i64,
+}
+
+impl std::fmt::Display for LeaseDeadLetters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the table holds {} dead letters of a lease mode, whose aggregates stream mode \
+             would not hold back: retry or purge them first (`outbox dead list`, `outbox dead \
+             retry --all --yes` with the lease-mode relays running, or `outbox dead purge`), or \
+             run the stream relay with --skip-dead-letters",
+            self.count
+        )
+    }
+}
+
+impl std::error::Error for LeaseDeadLetters {}
+
+/// The lease modes' dead letters, if any.
+pub(crate) async fn lease_dead_letters(
+    conn: &mut AsyncPgConnection,
+) -> diesel::QueryResult<Option<LeaseDeadLetters>> {
+    let row: CountRow = diesel::sql_query(LEASE_DEAD).get_result(conn).await?;
+    Ok((row.n > 0).then_some(LeaseDeadLetters { count: row.n }))
 }
 
 /// What [`hand_over`] did.

@@ -134,6 +134,9 @@ pub struct PgRelayStore {
     /// Whether a lease-mode claim found the table free of what stream mode leaves behind
     /// (see [`handover`]); looked for until it is.
     handed_over: bool,
+    /// Whether a stream claim that keeps dead letters blocking found no dead letter of the
+    /// lease modes (see [`handover`]); looked for until it does.
+    no_lease_dead: bool,
 }
 
 impl PgRelayStore {
@@ -152,6 +155,7 @@ impl PgRelayStore {
             settle_beside: true,
             stream: stream::StreamState::new(),
             handed_over: false,
+            no_lease_dead: false,
         }
     }
 

@@ -706,6 +706,14 @@ impl PgRelayStore {
         lease: Duration,
         dead_letters_block: bool,
     ) -> Result<Vec<OutboxMessage>, StoreError> {
+        if dead_letters_block && !self.no_lease_dead {
+            let conn = self.base.guarded("claim", lease).await?;
+            let dead = super::handover::lease_dead_letters(conn).await;
+            if let Some(dead) = self.base.check("claim", dead)? {
+                return Err(StoreError::new("claim", dead));
+            }
+            self.no_lease_dead = true;
+        }
         if self.stream.pending.take().is_some() {
             // The engine claims only after the batch in flight settled; one left means its
             // settle gave up (the database was away past the lease): its rows come again.
