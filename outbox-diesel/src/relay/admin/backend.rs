@@ -95,21 +95,24 @@ pub(crate) struct StreamDeadStatements {
     /// Deletes the stream dead letters (never a parked row: the stream relay then releases
     /// their aggregates' parked events). Runs after `PURGE`, in its transaction.
     pub purge: &'static str,
-    /// Retries the lease modes' dead rows that a stream position has passed (a stream relay
-    /// would never read them again): copies them into `outbox_stream_dead_letters`,
-    /// retry-requested, and clears their `dead_at`, so the stream relay holding their shard
-    /// releases them in order. Runs before `RETRY` (which then finds the rest), in its
-    /// transaction; binds the filter.
-    pub retry_passed: &'static str,
+    /// While stream mode is in use (see `stream_in_use!`), retries the lease modes' dead rows
+    /// through the stream: copies them into `outbox_stream_dead_letters`, retry-requested, and
+    /// marks their event rows published (no relay reads them again; the copy is what the
+    /// stream relay holding their shard releases, in order). A dead row made pending in place
+    /// could be passed by a position the stream relay is about to write, and never be read.
+    /// Runs before `RETRY` (which then finds none of them), in its transaction; binds the
+    /// filter.
+    pub retry_stream: &'static str,
     /// `REPLAY_BOUND` over what stream mode published too: rows a position passed that are
     /// not dead (`published_at` stays NULL in stream mode) and are not in
     /// `outbox_stream_dead_letters`.
     pub replay_bound: &'static str,
-    /// `REPLAY` that republishes through the relay that will see each row: a row a stream
-    /// position passed is copied into `outbox_stream_dead_letters`, retry-requested (the
-    /// stream relay releases it, in order per aggregate, parking the aggregate's newer events
-    /// behind it); any other is made pending again, as `REPLAY` does. Returns the count as
-    /// `n`.
+    /// `REPLAY` that republishes through the relay that will see each row: while stream mode
+    /// is in use (see `stream_in_use!`), the rows are copied into
+    /// `outbox_stream_dead_letters`, retry-requested (the stream relay releases them, in
+    /// order per aggregate, parking the aggregate's newer events behind them; a row made
+    /// pending in place could be passed by a position about to be written, and never read);
+    /// otherwise they are made pending again, as `REPLAY` does. Returns the count as `n`.
     pub replay: &'static str,
 }
 
@@ -227,10 +230,10 @@ macro_rules! filtered_statements {
                 "DELETE FROM outbox_stream_dead_letters WHERE parked_behind IS NULL",
                 filter!()
             ),
-            retry_passed: concat!(
+            retry_stream: concat!(
                 "WITH sel AS MATERIALIZED (SELECT seq FROM outbox_events \
                  WHERE dead_at IS NOT NULL AND published_at IS NULL AND ",
-                $crate::relay::pg::handover::passed!(),
+                $crate::relay::pg::handover::stream_in_use!(),
                 " AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
                  WHERE d.seq = outbox_events.seq)",
                 filter!(),
@@ -240,7 +243,9 @@ macro_rules! filtered_statements {
                 $retry_now,
                 " FROM outbox_events o JOIN sel s ON s.seq = o.seq \
                  ON CONFLICT DO NOTHING RETURNING seq) \
-                 UPDATE outbox_events SET dead_at = NULL, locked_by = NULL, locked_until = NULL \
+                 UPDATE outbox_events SET published_at = ",
+                $retry_now,
+                ", dead_at = NULL, locked_by = NULL, locked_until = NULL \
                  WHERE seq IN (SELECT seq FROM copied)"
             ),
             replay_bound: concat!(
@@ -257,9 +262,10 @@ macro_rules! filtered_statements {
                 ") s"
             ),
             replay: concat!(
-                "WITH sel AS MATERIALIZED (SELECT seq, ",
-                $crate::relay::pg::handover::passed!(),
-                " AS passed FROM outbox_events \
+                "WITH stream AS MATERIALIZED (SELECT ",
+                $crate::relay::pg::handover::stream_in_use!(),
+                " AS in_use), \
+                 sel AS MATERIALIZED (SELECT seq FROM outbox_events \
                  WHERE (published_at IS NOT NULL OR (dead_at IS NULL AND ",
                 $crate::relay::pg::handover::passed!(),
                 ")) AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
@@ -273,13 +279,15 @@ macro_rules! filtered_statements {
                 $crate::relay::admin::backend::stream_copy!(),
                 "'replayed', ",
                 $retry_now,
-                " FROM outbox_events o JOIN sel s ON s.seq = o.seq WHERE s.passed \
+                " FROM outbox_events o JOIN sel s ON s.seq = o.seq \
+                 WHERE (SELECT in_use FROM stream) \
                  ON CONFLICT DO NOTHING RETURNING seq), \
                  reset AS (UPDATE outbox_events SET published_at = NULL, attempts = 0, \
                  available_at = ",
                 $retry_now,
                 ", locked_by = NULL, locked_until = NULL, last_error = NULL \
-                 WHERE seq IN (SELECT seq FROM sel WHERE NOT passed) RETURNING seq) \
+                 WHERE seq IN (SELECT seq FROM sel) AND NOT (SELECT in_use FROM stream) \
+                 RETURNING seq) \
                  SELECT (SELECT COUNT(*) FROM copied) + (SELECT COUNT(*) FROM reset) AS n"
             ),
         })
@@ -495,12 +503,12 @@ macro_rules! admin_connection {
                     return db("retry dead letters", q.execute(self).await).map(|n| n as u64);
                 };
                 // Both kinds in one transaction: a retry is all or nothing.
-                let (now, stream_retry, retry_passed) = (&now, stream.retry, stream.retry_passed);
+                let (now, stream_retry, retry_stream) = (&now, stream.retry, stream.retry_stream);
                 let n = diesel_async::AsyncConnection::transaction(self, async |conn| {
-                    let passed = stamp(bind(retry_passed, filter), now).execute(conn).await?;
+                    let copied = stamp(bind(retry_stream, filter), now).execute(conn).await?;
                     let lease = stamp(bind(RETRY, filter), now).execute(conn).await?;
                     let stream = stamp(bind(stream_retry, filter), now).execute(conn).await?;
-                    Ok::<_, diesel::result::Error>(passed + lease + stream)
+                    Ok::<_, diesel::result::Error>(copied + lease + stream)
                 })
                 .await;
                 db("retry dead letters", n).map(|n| n as u64)

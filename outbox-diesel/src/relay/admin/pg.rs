@@ -232,7 +232,8 @@ impl super::Admin<AsyncPgConnection> {
     /// their dead letters become dead rows again (attempts and error kept), and the events
     /// parked behind them or whose retry was asked for become pending, each with its `seq`
     /// (written back if retention deleted its row), so the lease relays keep every
-    /// aggregate's order. Run it with the stream relays stopped.
+    /// aggregate's order. Refused while a relay in stream mode is live (stop them first: a
+    /// killed one counts until its heartbeat expires, a lease after).
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), outbox_diesel::relay::admin::AdminError> {
@@ -244,6 +245,16 @@ impl super::Admin<AsyncPgConnection> {
     /// # Ok(()) }
     /// ```
     pub async fn hand_over_from_stream(&mut self) -> Result<crate::relay::Handover, AdminError> {
+        let live = db(
+            "look for live stream relays",
+            crate::relay::pg::handover::live_stream_relays(&mut self.conn).await,
+        )?;
+        if live > 0 {
+            return Err(AdminError::InvalidArgument(format!(
+                "{live} relays in stream mode are live: stop them before the handover (a \
+                 killed one counts until its heartbeat expires)"
+            )));
+        }
         db(
             "hand the table over from stream mode",
             crate::relay::pg::handover::hand_over(&mut self.conn).await,

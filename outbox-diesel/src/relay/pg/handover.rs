@@ -34,6 +34,25 @@ macro_rules! passed {
 }
 pub(crate) use passed;
 
+/// Whether stream mode is in use on the table: a position moved since the migration or the
+/// last handover (which resets them), or a live relay runs in stream mode. Then a retry or a
+/// replay goes through the stream's dead letters: a row made pending in place could be
+/// passed by a position a stream relay is about to write, and never be read.
+macro_rules! stream_in_use {
+    () => {
+        "(EXISTS (SELECT 1 FROM outbox_stream_positions WHERE version > 0) \
+          OR EXISTS (SELECT 1 FROM outbox_relays WHERE mode = 'stream' \
+                     AND heartbeat_until > now()))"
+    };
+}
+pub(crate) use stream_in_use;
+
+/// Resets the stream's positions as if no stream relay had run: nothing passed (a snapshot
+/// in which no transaction is visible), version 0. A stream relay started later reads every
+/// pending row from there.
+const RESET_POSITIONS: &str = "UPDATE outbox_stream_positions SET last_snapshot = '1:1:', \
+     cur_snapshot = NULL, cur_seq = 0, version = 0, updated_at = now()";
+
 /// What stream mode left for a lease-mode relay: rows behind the positions that are not
 /// marked (only looked for past positions a stream relay moved, on the stream's own index,
 /// up to the first one), and the rows of `outbox_stream_dead_letters`.
@@ -205,6 +224,18 @@ pub(crate) async fn lease_dead_letters(
     Ok((row.n > 0).then_some(LeaseDeadLetters { count: row.n }))
 }
 
+/// The live relays in stream mode, by id: a handover waits for none.
+const LIVE_STREAM_RELAYS: &str = "SELECT COUNT(*) AS n FROM outbox_relays \
+     WHERE mode = 'stream' AND heartbeat_until > now()";
+
+/// How many relays run in stream mode now.
+pub(crate) async fn live_stream_relays(conn: &mut AsyncPgConnection) -> diesel::QueryResult<i64> {
+    let row: CountRow = diesel::sql_query(LIVE_STREAM_RELAYS)
+        .get_result(conn)
+        .await?;
+    Ok(row.n)
+}
+
 /// What [`hand_over`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -226,6 +257,7 @@ pub(crate) async fn hand_over(conn: &mut AsyncPgConnection) -> diesel::QueryResu
         diesel::sql_query("DELETE FROM outbox_stream_dead_letters")
             .execute(conn)
             .await?;
+        diesel::sql_query(RESET_POSITIONS).execute(conn).await?;
         Ok(Handover {
             marked: marked as u64,
             restored: restored as u64,
