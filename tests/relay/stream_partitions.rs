@@ -122,7 +122,10 @@ async fn stream_partitioning_keeps_every_row_and_position() {
 
     // The lease mode's dead letter is purged, as an operator must before a stream relay that
     // keeps dead letters blocking runs (it would not hold its aggregate back).
-    exec(&mut conn, "DELETE FROM outbox_events WHERE aggregate_id = 'dead'");
+    exec(
+        &mut conn,
+        "DELETE FROM outbox_events WHERE aggregate_id = 'dead'",
+    );
     // A new write lands in a partition, and the relay goes on from its positions.
     insert(&mut conn, "a0", 16);
     let (stop, relay, _) = start_with(&db, &broker, stream_config());

@@ -13,7 +13,7 @@
 //!
 //! Every form asserts the promises that must hold whatever breaks: nothing committed is lost,
 //! nothing rolled back is published (phantom), and each aggregate's events arrive in commit
-//! order. The targets of issue 9 (no dead letters from an outage, takeover in seconds) are
+//! order. The reliability targets (no dead letters from an outage, takeover in seconds) are
 //! measured, reported and asserted (timing targets in the full form only).
 
 mod broker;
