@@ -116,6 +116,10 @@ pub use outbox_diesel::{
     AsyncOutboxConnection, OutboxFunc, publish_async, publish_with_headers_async,
 };
 
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub use outbox_diesel::connect;
+
 /// The relay: publishes committed outbox rows to a broker, at least once.
 ///
 /// [`Relay`](relay::Relay) runs the loop over a store (`PgRelayStore`, `MysqlRelayStore`,

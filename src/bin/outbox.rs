@@ -252,9 +252,9 @@ async fn migrate(url: &str) -> Result<Vec<&'static str>, Fatal> {
     };
     let applied = match backend {
         Backend::Postgres => {
-            let mut c = diesel_async::AsyncPgConnection::establish(&url)
+            let mut c = outbox::connect::postgres(&url)
                 .await
-                .map_err(unreachable)?;
+                .map_err(|e| Fatal(e.to_string()))?;
             outbox::migrations::run_async(&mut c).await?
         }
         Backend::Mysql => {
@@ -302,9 +302,9 @@ async fn check_migrated(url: &str) -> Result<(), Fatal> {
     };
     let (found, wanted): (Result<Vec<Version>, _>, Vec<&str>) = match backend {
         Backend::Postgres => {
-            let mut c = diesel_async::AsyncPgConnection::establish(&url)
+            let mut c = outbox::connect::postgres(&url)
                 .await
-                .map_err(unreachable)?;
+                .map_err(|e| Fatal(e.to_string()))?;
             let wanted = outbox::migrations::list::<diesel::pg::Pg>()
                 .iter()
                 .map(|m| m.version)

@@ -193,9 +193,9 @@ macro_rules! with_admin {
         };
         match backend {
             Backend::Postgres => {
-                let c = diesel_async::AsyncPgConnection::establish(&url)
+                let c = outbox::connect::postgres(&url)
                     .await
-                    .map_err(unreachable)?;
+                    .map_err(|e| Fatal(e.to_string()))?;
                 let mut $admin = Admin::new(c);
                 $body
             }
@@ -469,9 +469,9 @@ pub async fn partition(args: PartitionArgs) -> Result<ExitCode, Fatal> {
             args.slots, args.slot_xids
         )));
     }
-    let c = diesel_async::AsyncPgConnection::establish(&url)
+    let c = outbox::connect::postgres(&url)
         .await
-        .map_err(|e| Fatal(format!("cannot connect to {}: {e}", describe(&url))))?;
+        .map_err(|e| Fatal(e.to_string()))?;
     let copied = Admin::new(c)
         .partition_events(args.slots, args.slot_xids)
         .await?;
@@ -497,9 +497,9 @@ async fn pg_admin(
             describe(&url)
         )));
     }
-    let c = diesel_async::AsyncPgConnection::establish(&url)
+    let c = outbox::connect::postgres(&url)
         .await
-        .map_err(|e| Fatal(format!("cannot connect to {}: {e}", describe(&url))))?;
+        .map_err(|e| Fatal(e.to_string()))?;
     Ok(Admin::new(c))
 }
 
@@ -533,7 +533,7 @@ pub async fn stream_handover(args: HandoverArgs) -> Result<ExitCode, Fatal> {
 /// too; this says so before anything starts. A database that cannot be asked now (down, not
 /// migrated yet) is left to the relay, which waits for it and asks again.
 pub async fn refuse_after_stream(url: &str) -> Result<(), Fatal> {
-    let Ok(c) = diesel_async::AsyncPgConnection::establish(url).await else {
+    let Ok(c) = outbox::connect::postgres(url).await else {
         return Ok(());
     };
     match Admin::new(c).stream_left_behind().await {

@@ -229,7 +229,7 @@ async fn sample_backlog(backend: Backend, url: String) {
     let mut failing = Streak::default();
     loop {
         let error = match backend {
-            Backend::Postgres => match diesel_async::AsyncPgConnection::establish(&url).await {
+            Backend::Postgres => match outbox::connect::postgres(&url).await {
                 Ok(c) => sample(c, &mut failing).await,
                 Err(e) => e.to_string(),
             },
