@@ -20,6 +20,7 @@ mod ops;
 mod scenarios;
 mod secrets;
 mod takeover;
+mod tls;
 mod unreachable_broker;
 
 diesel::table! {

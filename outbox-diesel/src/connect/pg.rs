@@ -92,14 +92,16 @@ async fn open(url: &PgUrl) -> Result<AsyncPgConnection, ConnectError> {
         })
 }
 
-/// A driver error as a [`ConnectError`]: a failed TLS handshake by its rustls cause, anything
-/// else in the driver's words.
+/// A driver error as a [`ConnectError`]: a failed TLS handshake by its rustls cause, a
+/// server's refusal by its message (one line: no DETAIL or HINT), anything else in the
+/// driver's words with their causes.
 #[cfg(feature = "tls")]
 fn connect_error(url: &PgUrl, e: &(dyn std::error::Error + 'static)) -> ConnectError {
     let host = url
         .server
         .rsplit_once(':')
         .map_or(url.server.as_str(), |(h, _)| h);
+    let mut words: Vec<String> = Vec::new();
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cause {
         let tls = err.downcast_ref::<rustls::Error>().or_else(|| {
@@ -113,10 +115,20 @@ fn connect_error(url: &PgUrl, e: &(dyn std::error::Error + 'static)) -> ConnectE
                 reason: super::tls::describe(tls, host),
             };
         }
+        if let Some(db) = err.downcast_ref::<tokio_postgres::error::DbError>() {
+            words.push(format!("{}: {}", db.severity(), db.message()));
+            break;
+        }
+        let said = err.to_string();
+        let said = said.lines().next().unwrap_or_default();
+        // tokio-postgres's "db error" only announces the server's message that follows.
+        if said != "db error" && !words.iter().any(|w| w.contains(said)) {
+            words.push(said.to_owned());
+        }
         cause = err.source();
     }
     ConnectError::Connect {
         server: url.server.clone(),
-        reason: e.to_string(),
+        reason: words.join(": "),
     }
 }
