@@ -21,6 +21,7 @@ mod scenarios;
 mod secrets;
 mod takeover;
 mod tls;
+mod tls_mysql;
 mod unreachable_broker;
 
 diesel::table! {

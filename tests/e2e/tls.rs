@@ -20,15 +20,15 @@ use crate::support::{OrderCreated, postgres_admin_url};
 /// A CA, a server certificate it signed for `localhost` only, a client certificate for the
 /// user `postgres`, and a second CA that signed nothing of the server's: PEM files in a
 /// temporary directory.
-struct Pki {
+pub(crate) struct Pki {
     dir: tempfile::TempDir,
-    server_cert: String,
-    server_key: String,
+    pub server_cert: String,
+    pub server_key: String,
     ca: String,
 }
 
 impl Pki {
-    fn new() -> Pki {
+    pub(crate) fn new() -> Pki {
         let ca = ca("outbox test CA");
         let other = ca_cert_only("another CA");
         let server_key = KeyPair::generate().unwrap();
@@ -56,7 +56,7 @@ impl Pki {
         }
     }
 
-    fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         self.dir.path().join(name).display().to_string()
     }
 }
@@ -271,8 +271,21 @@ struct Terminated {
     n: i32,
 }
 
-/// The sessions on `db` other than the asking one: how many, and how many encrypted.
-fn sessions(admin: &mut diesel::PgConnection, db: &str) -> Sessions {
+/// The sessions on `db` other than the asking one, once there are at least `at_least` (the
+/// relay opens its `LISTEN` connection beside its first claims): how many, and how many
+/// encrypted.
+async fn sessions(admin: &mut diesel::PgConnection, db: &str, at_least: i64) -> Sessions {
+    let start = Instant::now();
+    loop {
+        let seen = sessions_now(admin, db);
+        if seen.total >= at_least || start.elapsed() > Duration::from_secs(10) {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn sessions_now(admin: &mut diesel::PgConnection, db: &str) -> Sessions {
     diesel::sql_query(format!(
         "SELECT count(*) AS total, count(*) FILTER (WHERE s.ssl) AS encrypted \
          FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
@@ -338,7 +351,7 @@ async fn tls_require_relay_cli_and_admin_on_the_shared_server() {
     wait_for(&broker, 3).await;
 
     let mut admin = diesel::PgConnection::establish(&postgres_admin_url()).unwrap();
-    let seen = sessions(&mut admin, &db.name);
+    let seen = sessions(&mut admin, &db.name, 2).await;
     assert!(
         seen.total >= 2,
         "the store's and the listener's sessions: {}",
@@ -360,7 +373,7 @@ async fn tls_require_relay_cli_and_admin_on_the_shared_server() {
     assert!(ended.n >= 2);
     write_events(&url, 3, 2);
     wait_for(&broker, 5).await;
-    let seen = sessions(&mut admin, &db.name);
+    let seen = sessions(&mut admin, &db.name, 1).await;
     assert!(seen.total >= 1, "the relay reconnected");
     assert_eq!(
         seen.encrypted, seen.total,

@@ -19,15 +19,26 @@
 //! exists. TLS is rustls on the `ring` provider (feature `tls`); without that feature a URL
 //! that requires TLS is refused, and `prefer`/`allow` connect in plain text.
 //!
-//! The relay's PostgreSQL store (its reconnects and its `LISTEN` connection included) and the
-//! `outbox` CLI open every connection through [`postgres`], so one URL works for all of them.
+//! [`mysql`] does the same for MySQL and MariaDB with `ssl-mode` and `ssl-ca` (feature
+//! `mysql_tls`).
+//!
+//! The relay's stores (their reconnects and PostgreSQL's `LISTEN` connection included) and the
+//! `outbox` CLI open every connection through these, so one URL works for all of them.
 
+#[cfg(feature = "mysql_backend")]
+mod mysql;
 #[cfg(feature = "postgres_backend")]
 mod pg;
 #[cfg(feature = "postgres_backend")]
 mod pg_url;
 #[cfg(all(feature = "postgres_backend", feature = "tls"))]
 mod tls;
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+mod url;
+
+#[cfg(feature = "mysql_backend")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql_backend")))]
+pub use mysql::mysql;
 
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres_backend")))]
@@ -92,6 +103,50 @@ impl fmt::Display for ConnectError {
 }
 
 impl std::error::Error for ConnectError {}
+
+/// The rustls error behind a driver's error, if a TLS handshake failed.
+#[cfg(any(feature = "tls", feature = "mysql_tls"))]
+pub(crate) fn tls_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cause = Some(e);
+    while let Some(err) = cause {
+        let tls = err.downcast_ref::<rustls::Error>().or_else(|| {
+            err.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if tls.is_some() {
+            return tls;
+        }
+        cause = err.source();
+    }
+    None
+}
+
+/// What a failed handshake says, in a few words: the common certificate failures by name
+/// (`roots` is the URL parameter naming the trusted roots), anything else as rustls words it.
+#[cfg(any(feature = "tls", feature = "mysql_tls"))]
+pub(crate) fn describe(e: &rustls::Error, host: &str, roots: &str) -> String {
+    match e {
+        rustls::Error::InvalidCertificate(c) => match c {
+            rustls::CertificateError::NotValidForName
+            | rustls::CertificateError::NotValidForNameContext { .. } => {
+                format!("certificate not valid for name \"{host}\"")
+            }
+            rustls::CertificateError::UnknownIssuer => {
+                format!("certificate not signed by a trusted root ({roots})")
+            }
+            rustls::CertificateError::Expired | rustls::CertificateError::ExpiredContext { .. } => {
+                "certificate expired".to_owned()
+            }
+            rustls::CertificateError::NotValidYet
+            | rustls::CertificateError::NotValidYetContext { .. } => {
+                "certificate not valid yet".to_owned()
+            }
+            other => format!("invalid certificate: {other:?}"),
+        },
+        other => other.to_string(),
+    }
+}
 
 impl From<ConnectError> for diesel::ConnectionError {
     fn from(e: ConnectError) -> Self {

@@ -104,15 +104,10 @@ fn connect_error(url: &PgUrl, e: &(dyn std::error::Error + 'static)) -> ConnectE
     let mut words: Vec<String> = Vec::new();
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cause {
-        let tls = err.downcast_ref::<rustls::Error>().or_else(|| {
-            err.downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        });
-        if let Some(tls) = tls {
+        if let Some(tls) = super::tls_cause(err) {
             return ConnectError::Tls {
                 server: url.server.clone(),
-                reason: super::tls::describe(tls, host),
+                reason: super::describe(tls, host, "sslrootcert"),
             };
         }
         if let Some(db) = err.downcast_ref::<tokio_postgres::error::DbError>() {

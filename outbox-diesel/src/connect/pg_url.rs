@@ -1,10 +1,10 @@
 //! libpq's TLS parameters, read from a PostgreSQL URL and taken out of it (tokio-postgres
 //! refuses the ones it does not know).
 
-use std::borrow::Cow;
 use std::path::PathBuf;
 
 use super::ConnectError;
+use super::url::{decode, server_of};
 
 /// libpq's `sslmode`, in increasing strength.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -28,8 +28,10 @@ pub(crate) enum Roots {
     System,
 }
 
-/// A PostgreSQL URL split into what tokio-postgres reads and the TLS settings.
+/// A PostgreSQL URL split into what tokio-postgres reads and the TLS settings (a build
+/// without TLS reads the mode only, to refuse what it cannot do).
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
 pub(crate) struct PgUrl {
     /// The URL without the TLS parameters.
     pub url: String,
@@ -119,7 +121,7 @@ impl PgUrl {
             format!("{base}?{}", kept.join("&"))
         };
         Ok(PgUrl {
-            server: server_of(base),
+            server: server_of(base, 5432),
             url,
             mode,
             roots,
@@ -155,56 +157,6 @@ pub(crate) fn mode_name(m: SslMode) -> &'static str {
         SslMode::VerifyCa => "verify-ca",
         SslMode::VerifyFull => "verify-full",
     }
-}
-
-/// `host:port` of a URL's authority (user and password dropped; 5432 when no port is given).
-fn server_of(base: &str) -> String {
-    let rest = base.split_once("://").map_or(base, |(_, rest)| rest);
-    let authority = rest.split('/').next().unwrap_or("");
-    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let hosts = decode(hosts);
-    if hosts.is_empty() {
-        return "localhost:5432".to_owned();
-    }
-    hosts
-        .split(',')
-        .map(|h| {
-            let has_port = match h.rfind(']') {
-                Some(end) => h[end..].contains(':'),
-                None => h.contains(':'),
-            };
-            if has_port {
-                h.to_owned()
-            } else {
-                format!("{h}:5432")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// Percent-decodes a URL component (an invalid escape stays as written).
-fn decode(s: &str) -> Cow<'_, str> {
-    if !s.contains('%') {
-        return Cow::Borrowed(s);
-    }
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
-        {
-            out.push((hi * 16 + lo) as u8);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 #[cfg(test)]

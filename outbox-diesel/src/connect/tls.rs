@@ -110,29 +110,6 @@ fn roots(roots: &Roots) -> Result<RootCertStore, ConnectError> {
     Ok(store)
 }
 
-/// What a failed handshake says, in a few words: the common certificate failures by name,
-/// anything else as rustls words it.
-pub(crate) fn describe(e: &rustls::Error, host: &str) -> String {
-    match e {
-        rustls::Error::InvalidCertificate(c) => match c {
-            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
-                format!("certificate not valid for name \"{host}\"")
-            }
-            CertificateError::UnknownIssuer => {
-                "certificate not signed by a trusted root (sslrootcert)".to_owned()
-            }
-            CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
-                "certificate expired".to_owned()
-            }
-            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
-                "certificate not valid yet".to_owned()
-            }
-            other => format!("invalid certificate: {other:?}"),
-        },
-        other => other.to_string(),
-    }
-}
-
 /// `prefer` and `require`: encryption without verification, as libpq. The handshake's
 /// signatures are still checked, so the session is with the holder of the certificate's key.
 #[derive(Debug)]

@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use diesel_async::AsyncConnection;
 use outbox::relay::admin::{
     Admin, DEFAULT_CLEANUP_BATCH, DEFAULT_REPLAY_BATCH, DeadLetter, Filter, Status,
 };
@@ -188,9 +187,6 @@ macro_rules! with_admin {
         let url: &str = $url;
         check_migrated(url).await?;
         let (backend, url) = backend_of(url)?;
-        let unreachable = |e: diesel::ConnectionError| {
-            Fatal(format!("cannot connect to {}: {e}", describe(&url)))
-        };
         match backend {
             Backend::Postgres => {
                 let c = outbox::connect::postgres(&url)
@@ -200,9 +196,9 @@ macro_rules! with_admin {
                 $body
             }
             Backend::Mysql => {
-                let c = diesel_async::AsyncMysqlConnection::establish(&url)
+                let c = outbox::connect::mysql(&url)
                     .await
-                    .map_err(unreachable)?;
+                    .map_err(|e| Fatal(e.to_string()))?;
                 let mut $admin = Admin::new(c);
                 $body
             }
