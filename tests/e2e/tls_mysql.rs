@@ -235,3 +235,36 @@ async fn tls_mysql_verify_identity_on_a_private_mariadb() {
     stop.send(()).unwrap();
     handle.await.unwrap();
 }
+
+/// The shared MariaDB (no TLS configured): `PREFERRED` falls back to a plain session,
+/// `REQUIRED` is refused in one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_mysql_preferred_falls_back_on_a_server_without_tls() {
+    let admin = crate::support::mysql_admin_url();
+    let with = |params: &str| {
+        let sep = if admin.contains('?') { '&' } else { '?' };
+        format!("{admin}{sep}prefer_socket=false&{params}")
+    };
+    let mut probe = outbox::connect::mysql(&with("ssl-mode=DISABLED"))
+        .await
+        .unwrap();
+    let have_ssl: Variable = diesel::sql_query("SHOW VARIABLES LIKE 'have_ssl'")
+        .get_result(&mut probe)
+        .await
+        .unwrap();
+    if have_ssl.value == "YES" {
+        eprintln!("the shared MariaDB has TLS on: nothing to fall back from");
+        return;
+    }
+    let mut conn = outbox::connect::mysql(&with("ssl-mode=PREFERRED"))
+        .await
+        .expect("PREFERRED connects in plain text");
+    assert!(cipher(&mut conn).await.is_empty());
+    let e = outbox::connect::mysql(&with("ssl-mode=REQUIRED"))
+        .await
+        .err()
+        .expect("REQUIRED is refused")
+        .to_string();
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.starts_with("cannot connect to 127.0.0.1:3306: "), "{e}");
+}
