@@ -90,6 +90,8 @@
 //! - `schema`: the JSON Schema of every event (`schemars`) and `outbox::schema`'s snapshot check.
 //! - `cli`: the `outbox` binary: `outbox migrate`, `outbox relay`, `outbox status`, `outbox dead`,
 //!   `outbox replay`, `outbox cleanup`.
+//! - `tls`, `mysql_tls`: TLS (rustls) for the async PostgreSQL and MySQL connections, from the
+//!   URL's `sslmode`/`sslrootcert`/`sslcert`/`sslkey` and `ssl-mode`/`ssl-ca` ([`connect`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[doc(hidden)]

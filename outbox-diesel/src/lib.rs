@@ -13,6 +13,8 @@
 //! - `r2d2`: Diesel's r2d2 pool support (pooled connections work unchanged; its errors are
 //!   classified too).
 //! - `deadpool`, `bb8`: kept for existing manifests; `async` alone does what they did.
+//! - `tls`, `mysql_tls`: TLS (rustls) for the async PostgreSQL and MySQL connections the URL
+//!   asks for ([`connect`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
