@@ -90,6 +90,8 @@
 //! - `schema`: the JSON Schema of every event (`schemars`) and `outbox::schema`'s snapshot check.
 //! - `cli`: the `outbox` binary: `outbox migrate`, `outbox relay`, `outbox status`, `outbox dead`,
 //!   `outbox replay`, `outbox cleanup`.
+//! - `tls`, `mysql_tls`: TLS (rustls) for the async PostgreSQL and MySQL connections, from the
+//!   URL's `sslmode`/`sslrootcert`/`sslcert`/`sslkey` and `ssl-mode`/`ssl-ca` ([`connect`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[doc(hidden)]
@@ -115,6 +117,10 @@ pub use outbox_diesel::{
 pub use outbox_diesel::{
     AsyncOutboxConnection, OutboxFunc, publish_async, publish_with_headers_async,
 };
+
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub use outbox_diesel::connect;
 
 /// The relay: publishes committed outbox rows to a broker, at least once.
 ///

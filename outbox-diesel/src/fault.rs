@@ -12,6 +12,7 @@
 //! | `DatabaseError` of another kind whose server message is one of [the outage messages](#the-outage-messages) | transient |
 //! | `BrokenTransactionManager` (the connection failed mid-transaction) | transient |
 //! | `diesel::ConnectionError`, every variant: the database cannot be reached (or not as configured); no message is at fault | transient |
+//! | `connect::ConnectError` (feature `async`), every variant: the same, for connections opened by `connect::postgres` | transient |
 //! | r2d2's `diesel::r2d2::PoolError` (its timeout) and its manager's `diesel::r2d2::Error` | transient |
 //! | diesel-async's deadpool `PoolError` (timeout, closed, backend), bb8 `RunError` (timeout, backend) and `pooled_connection::PoolError` | transient (a post-create hook's error is the user's: left to its own chain) |
 //! | anything else (`NotFound`, constraint violations, invalid input, deserialization, ...) | not decided here: permanent unless another link of the chain says otherwise |
@@ -230,6 +231,11 @@ pub fn classify(e: &(dyn Error + 'static)) -> Option<ErrorClass> {
         return query_error_class(e);
     }
     if e.is::<diesel::ConnectionError>() {
+        return Some(ErrorClass::Transient);
+    }
+    // `connect::postgres`'s: the database cannot be reached, or not as the URL says.
+    #[cfg(feature = "async")]
+    if e.is::<crate::connect::ConnectError>() {
         return Some(ErrorClass::Transient);
     }
     #[cfg(feature = "r2d2")]

@@ -13,6 +13,8 @@
 //! - `r2d2`: Diesel's r2d2 pool support (pooled connections work unchanged; its errors are
 //!   classified too).
 //! - `deadpool`, `bb8`: kept for existing manifests; `async` alone does what they did.
+//! - `tls`, `mysql_tls`: TLS (rustls) for the async PostgreSQL and MySQL connections the URL
+//!   asks for ([`connect`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
@@ -29,6 +31,9 @@ mod tx;
 
 #[cfg(feature = "async")]
 mod async_;
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub mod connect;
 #[cfg(feature = "relay")]
 #[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
 pub mod relay;

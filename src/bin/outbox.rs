@@ -248,23 +248,17 @@ fn describe(url: &str) -> String {
 
 async fn migrate(url: &str) -> Result<Vec<&'static str>, Fatal> {
     let (backend, url) = backend_of(url)?;
-    let unreachable = |e: diesel::ConnectionError| {
-        Fatal(format!(
-            "cannot connect to {}: {e} (is the server up and the URL right?)",
-            describe(&url)
-        ))
-    };
     let applied = match backend {
         Backend::Postgres => {
-            let mut c = diesel_async::AsyncPgConnection::establish(&url)
+            let mut c = outbox::connect::postgres(&url)
                 .await
-                .map_err(unreachable)?;
+                .map_err(|e| Fatal(e.to_string()))?;
             outbox::migrations::run_async(&mut c).await?
         }
         Backend::Mysql => {
-            let mut c = diesel_async::AsyncMysqlConnection::establish(&url)
+            let mut c = outbox::connect::mysql(&url)
                 .await
-                .map_err(unreachable)?;
+                .map_err(|e| Fatal(e.to_string()))?;
             outbox::migrations::run_async(&mut c).await?
         }
         Backend::Sqlite => {
@@ -298,17 +292,11 @@ async fn check_migrated(url: &str) -> Result<(), Fatal> {
     use diesel_async::RunQueryDsl;
     let (backend, url) = backend_of(url)?;
     let sql = "SELECT version FROM __diesel_schema_migrations";
-    let unreachable = |e: diesel::ConnectionError| {
-        Fatal(format!(
-            "cannot connect to {}: {e} (is the server up and the URL right?)",
-            describe(&url)
-        ))
-    };
     let (found, wanted): (Result<Vec<Version>, _>, Vec<&str>) = match backend {
         Backend::Postgres => {
-            let mut c = diesel_async::AsyncPgConnection::establish(&url)
+            let mut c = outbox::connect::postgres(&url)
                 .await
-                .map_err(unreachable)?;
+                .map_err(|e| Fatal(e.to_string()))?;
             let wanted = outbox::migrations::list::<diesel::pg::Pg>()
                 .iter()
                 .map(|m| m.version)
@@ -316,9 +304,9 @@ async fn check_migrated(url: &str) -> Result<(), Fatal> {
             (diesel::sql_query(sql).load(&mut c).await, wanted)
         }
         Backend::Mysql => {
-            let mut c = diesel_async::AsyncMysqlConnection::establish(&url)
+            let mut c = outbox::connect::mysql(&url)
                 .await
-                .map_err(unreachable)?;
+                .map_err(|e| Fatal(e.to_string()))?;
             let wanted = outbox::migrations::list::<diesel::mysql::Mysql>()
                 .iter()
                 .map(|m| m.version)

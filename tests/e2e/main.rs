@@ -20,6 +20,8 @@ mod ops;
 mod scenarios;
 mod secrets;
 mod takeover;
+mod tls;
+mod tls_mysql;
 mod unreachable_broker;
 
 diesel::table! {

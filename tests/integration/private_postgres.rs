@@ -60,8 +60,59 @@ fn as_postgres(cmd: &mut Command) -> std::process::ExitStatus {
     status.unwrap()
 }
 
+/// A server certificate for [`PrivatePostgres::start_with_tls`].
+pub struct ServerTls<'a> {
+    /// The server's certificate chain (PEM).
+    pub cert_pem: &'a str,
+    /// Its private key (PEM).
+    pub key_pem: &'a str,
+    /// The CA client certificates are checked against (`ssl_ca_file`), if any.
+    pub client_ca_pem: Option<&'a str>,
+    /// The whole `pg_hba.conf`.
+    pub hba: &'a str,
+}
+
 impl PrivatePostgres {
     pub fn start() -> Self {
+        let pg = Self::init();
+        pg.ctl("start");
+        pg
+    }
+
+    /// A cluster started with `ssl = on` and `tls`'s certificate, key and `pg_hba.conf`.
+    pub fn start_with_tls(tls: &ServerTls<'_>) -> Self {
+        let pg = Self::init();
+        let data = pg.dir.join("data");
+        let mut conf =
+            String::from("\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        pg.write_owned(&data.join("server.crt"), tls.cert_pem, 0o644);
+        pg.write_owned(&data.join("server.key"), tls.key_pem, 0o600);
+        if let Some(ca) = tls.client_ca_pem {
+            pg.write_owned(&data.join("client_ca.crt"), ca, 0o644);
+            conf.push_str("ssl_ca_file = 'client_ca.crt'\n");
+        }
+        pg.write_owned(&data.join("pg_hba.conf"), tls.hba, 0o600);
+        let mut pgconf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
+        pgconf.push_str(&conf);
+        std::fs::write(data.join("postgresql.conf"), pgconf).unwrap();
+        pg.ctl("start");
+        pg
+    }
+
+    /// Writes a file of the cluster's, owned by the server's user with `mode` (the server
+    /// refuses a key others can read).
+    fn write_owned(&self, path: &Path, contents: &str, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, contents).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let _ = Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(path)
+            .status();
+    }
+
+    /// A cluster initialised (`initdb`) but not started.
+    fn init() -> Self {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("outbox-chaos-pg-{}-{port}", std::process::id()));
@@ -81,9 +132,7 @@ impl PrivatePostgres {
             .success(),
             "initdb failed"
         );
-        let pg = PrivatePostgres { dir, port };
-        pg.ctl("start");
-        pg
+        PrivatePostgres { dir, port }
     }
 
     /// `pg_ctl <action>` with fast shutdown (active sessions are terminated).

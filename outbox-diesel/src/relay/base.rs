@@ -36,6 +36,15 @@ pub(crate) trait Connector: Send + 'static {
     /// What a failed heartbeat on a new connection says it was doing.
     const BEAT_ON_CONNECT: &'static str = "record the relay's session";
 
+    /// Opens a connection to `url`.
+    fn establish(url: &str) -> impl Future<Output = Result<Self::Conn, StoreError>> + Send {
+        async move {
+            Self::Conn::establish(url)
+                .await
+                .map_err(|e| connect_error(Self::NAME, e))
+        }
+    }
+
     /// Configures a new session: `timeout` is the longest a statement may run.
     fn configure(
         &mut self,
@@ -158,9 +167,7 @@ impl<C: Connector> Base<C> {
             self.applied = Some(timeout);
         }
         if self.conn.is_none() {
-            let mut conn = C::Conn::establish(&self.url)
-                .await
-                .map_err(|e| connect_error(C::NAME, e))?;
+            let mut conn = C::establish(&self.url).await?;
             self.connector
                 .configure(&mut conn, timeout)
                 .await

@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use diesel_async::AsyncConnection;
 use outbox::relay::admin::{
     Admin, DEFAULT_CLEANUP_BATCH, DEFAULT_REPLAY_BATCH, DeadLetter, Filter, Status,
 };
@@ -188,21 +187,18 @@ macro_rules! with_admin {
         let url: &str = $url;
         check_migrated(url).await?;
         let (backend, url) = backend_of(url)?;
-        let unreachable = |e: diesel::ConnectionError| {
-            Fatal(format!("cannot connect to {}: {e}", describe(&url)))
-        };
         match backend {
             Backend::Postgres => {
-                let c = diesel_async::AsyncPgConnection::establish(&url)
+                let c = outbox::connect::postgres(&url)
                     .await
-                    .map_err(unreachable)?;
+                    .map_err(|e| Fatal(e.to_string()))?;
                 let mut $admin = Admin::new(c);
                 $body
             }
             Backend::Mysql => {
-                let c = diesel_async::AsyncMysqlConnection::establish(&url)
+                let c = outbox::connect::mysql(&url)
                     .await
-                    .map_err(unreachable)?;
+                    .map_err(|e| Fatal(e.to_string()))?;
                 let mut $admin = Admin::new(c);
                 $body
             }
@@ -469,9 +465,9 @@ pub async fn partition(args: PartitionArgs) -> Result<ExitCode, Fatal> {
             args.slots, args.slot_xids
         )));
     }
-    let c = diesel_async::AsyncPgConnection::establish(&url)
+    let c = outbox::connect::postgres(&url)
         .await
-        .map_err(|e| Fatal(format!("cannot connect to {}: {e}", describe(&url))))?;
+        .map_err(|e| Fatal(e.to_string()))?;
     let copied = Admin::new(c)
         .partition_events(args.slots, args.slot_xids)
         .await?;
@@ -497,9 +493,9 @@ async fn pg_admin(
             describe(&url)
         )));
     }
-    let c = diesel_async::AsyncPgConnection::establish(&url)
+    let c = outbox::connect::postgres(&url)
         .await
-        .map_err(|e| Fatal(format!("cannot connect to {}: {e}", describe(&url))))?;
+        .map_err(|e| Fatal(e.to_string()))?;
     Ok(Admin::new(c))
 }
 
@@ -540,7 +536,7 @@ pub async fn refuse_mode_switch(
     stream: bool,
     dead_letters_block: bool,
 ) -> Result<(), Fatal> {
-    let Ok(c) = diesel_async::AsyncPgConnection::establish(url).await else {
+    let Ok(c) = outbox::connect::postgres(url).await else {
         return Ok(());
     };
     let mut admin = Admin::new(c);

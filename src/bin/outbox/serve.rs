@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use diesel_async::AsyncConnection;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use outbox::kafka::KafkaPublisher;
 use outbox::relay::RelayStats;
@@ -229,11 +228,11 @@ async fn sample_backlog(backend: Backend, url: String) {
     let mut failing = Streak::default();
     loop {
         let error = match backend {
-            Backend::Postgres => match diesel_async::AsyncPgConnection::establish(&url).await {
+            Backend::Postgres => match outbox::connect::postgres(&url).await {
                 Ok(c) => sample(c, &mut failing).await,
                 Err(e) => e.to_string(),
             },
-            Backend::Mysql => match diesel_async::AsyncMysqlConnection::establish(&url).await {
+            Backend::Mysql => match outbox::connect::mysql(&url).await {
                 Ok(c) => sample(c, &mut failing).await,
                 Err(e) => e.to_string(),
             },

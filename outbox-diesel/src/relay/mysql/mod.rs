@@ -42,6 +42,14 @@ impl Connector for MysqlConnector {
     const NAME: &'static str = "MySQL";
     const BEAT_ON_CONNECT: &'static str = "take the relay's session lock";
 
+    /// Through [`crate::connect::mysql`], so the URL's `ssl-mode` holds for every connection
+    /// the store makes.
+    async fn establish(url: &str) -> Result<Self::Conn, StoreError> {
+        crate::connect::mysql(url)
+            .await
+            .map_err(|e| StoreError::new("connect", e))
+    }
+
     async fn configure(
         &mut self,
         conn: &mut Self::Conn,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -26,7 +26,7 @@ pub(super) struct Listener {
 impl Listener {
     /// Connects to `url` and listens; the error is the connection's or `LISTEN`'s.
     pub(super) async fn connect(url: &str) -> Result<Listener, String> {
-        let mut conn = AsyncPgConnection::establish(url)
+        let mut conn = crate::connect::postgres(url)
             .await
             .map_err(|e| format!("listener connection failed: {e}"))?;
         conn.batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))

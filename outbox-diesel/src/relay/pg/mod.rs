@@ -75,6 +75,14 @@ impl Connector for PgConnector {
     type Conn = AsyncPgConnection;
     const NAME: &'static str = "PostgreSQL";
 
+    /// Through [`crate::connect::postgres`], so the URL's TLS parameters hold for every
+    /// connection the store makes.
+    async fn establish(url: &str) -> Result<Self::Conn, StoreError> {
+        crate::connect::postgres(url)
+            .await
+            .map_err(|e| StoreError::new("connect", e))
+    }
+
     async fn configure(
         &mut self,
         conn: &mut Self::Conn,
