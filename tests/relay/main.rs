@@ -10,6 +10,8 @@ mod support;
 mod admin_suite;
 mod backends;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+mod byo;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod foreign_rows;
 mod memory;
 mod store_suite;

@@ -20,9 +20,12 @@
 //! wait for the write lock (at most the 5 s the store always used).
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel_async::AsyncConnection;
+use outbox_core::BoxError;
 use outbox_core::relay::{RelayHealth, RelayIdInUse, StoreError};
 
 use super::common::{IdGuard, connect_error, store_error};
@@ -80,6 +83,57 @@ pub(crate) trait Connector: Send + 'static {
     }
 }
 
+/// A connection factory, as the store keeps it: every connection the store opens comes from
+/// it (see the stores' `from_connect`).
+pub(crate) type Factory<Conn> =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<Conn, BoxError>> + Send>> + Send + Sync>;
+
+/// Where a store's connections come from: a URL, or the application's factory.
+pub(crate) enum Source<Conn> {
+    /// Opened by the backend's `establish`, with the URL's TLS parameters.
+    Url(String),
+    /// Opened by the application's factory.
+    Factory(Factory<Conn>),
+}
+
+impl<Conn> Clone for Source<Conn> {
+    fn clone(&self) -> Self {
+        match self {
+            Source::Url(url) => Source::Url(url.clone()),
+            Source::Factory(f) => Source::Factory(f.clone()),
+        }
+    }
+}
+
+impl<Conn: Send + 'static> Source<Conn> {
+    /// Wraps an application's factory, boxing its future and its error.
+    pub fn factory<F, Fut, E>(f: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Conn, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        Source::Factory(Arc::new(move || {
+            let fut = f();
+            Box::pin(async move { fut.await.map_err(Into::into) })
+        }))
+    }
+
+    /// A new connection, through the backend's `establish` or the factory; a factory's error
+    /// is a connection error (an outage: the relay waits and retries) with its own text.
+    pub async fn open<C: Connector<Conn = Conn>>(&self) -> Result<Conn, StoreError> {
+        match self {
+            Source::Url(url) => C::establish(url).await,
+            Source::Factory(f) => f().await.map_err(|e| {
+                StoreError::new(
+                    "connect",
+                    format!("the connection factory for {} failed: {e}", C::NAME),
+                )
+            }),
+        }
+    }
+}
+
 /// The longest a statement of a store may run: what the store's builder set (if anything),
 /// and never more than a third of the relay's lease once a call has carried it.
 #[derive(Clone, Copy, Default)]
@@ -109,7 +163,7 @@ impl StatementTimeout {
 /// A relay store's connection, made on first use and after errors. See the [module
 /// docs](self).
 pub(crate) struct Base<C: Connector> {
-    url: String,
+    source: Source<C::Conn>,
     conn: Option<C::Conn>,
     /// The per-backend state.
     pub connector: C,
@@ -124,9 +178,9 @@ pub(crate) struct Base<C: Connector> {
 }
 
 impl<C: Connector> Base<C> {
-    pub fn new(url: String, connector: C) -> Self {
+    pub fn new(source: Source<C::Conn>, connector: C) -> Self {
         Base {
-            url,
+            source,
             conn: None,
             connector,
             connected_at: None,
@@ -136,10 +190,11 @@ impl<C: Connector> Base<C> {
         }
     }
 
-    /// The database's URL (the PostgreSQL store's listener connects to it).
+    /// Where the store's connections come from (the PostgreSQL store's listener and settler
+    /// connect through it too).
     #[cfg(feature = "postgres_backend")]
-    pub fn url(&self) -> &str {
-        &self.url
+    pub fn source(&self) -> &Source<C::Conn> {
+        &self.source
     }
 
     /// Takes in the relay's lease, as a call carried it: the statement timeout follows it.
@@ -167,7 +222,7 @@ impl<C: Connector> Base<C> {
             self.applied = Some(timeout);
         }
         if self.conn.is_none() {
-            let mut conn = C::establish(&self.url).await?;
+            let mut conn = self.source.open::<C>().await?;
             self.connector
                 .configure(&mut conn, timeout)
                 .await

@@ -63,6 +63,25 @@ pub struct Admin<C> {
 
 impl<C: AdminConnection> Admin<C> {
     /// Admin operations over `conn` (the outbox's migrations must have run).
+    ///
+    /// The connection may come from the application's own setup or pool. A deadpool
+    /// connection is detached from its pool with `Object::take` (the pool opens a replacement
+    /// for its other users, and this one closes when the `Admin` is dropped); from a bb8 pool,
+    /// take `Pool::dedicated_connection`.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use diesel_async::AsyncPgConnection;
+    /// use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    /// use diesel_async::pooled_connection::deadpool::{Object, Pool};
+    /// use outbox_diesel::relay::admin::Admin;
+    ///
+    /// let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new("postgres://app@db/app");
+    /// let pool = Pool::builder(manager).build()?;
+    /// let mut admin = Admin::new(Object::take(pool.get().await?));
+    /// println!("{} pending", admin.status().await?.pending);
+    /// # Ok(()) }
+    /// ```
     pub fn new(conn: C) -> Self {
         Admin { conn }
     }

@@ -14,7 +14,7 @@ use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, TransactionManager};
 use outbox_core::relay::{RelayHealth, RelayIdInUse, StoreError};
 
-use super::base::{Base, Connector};
+use super::base::{Base, Connector, Source};
 use super::common::CountRow;
 use super::common::Statement;
 
@@ -170,9 +170,99 @@ impl MysqlRelayStore {
     /// A store for the database at `url` (`mysql://user:password@host:port/database`); it
     /// connects on first use and after errors.
     pub fn new(url: impl Into<String>) -> Self {
+        Self::with_source(Source::Url(url.into()))
+    }
+
+    /// A store whose every connection comes from `connect`, the application's own connection
+    /// setup (custom TLS roots, an IAM token fetched per connection, …): the first one and
+    /// each one after an error. The store's session settings still run on each. An error of
+    /// `connect` is an outage, as a refused connection is: the relay waits and retries, and
+    /// reports it with the error's text.
+    ///
+    /// ```no_run
+    /// use diesel_async::{AsyncConnection, AsyncMysqlConnection};
+    /// use outbox_diesel::relay::MysqlRelayStore;
+    ///
+    /// let store = MysqlRelayStore::from_connect(|| async {
+    ///     let token = "…"; // e.g. a fresh IAM token as the password of each connection
+    ///     AsyncMysqlConnection::establish(&format!("mysql://relay:{token}@db.internal/app")).await
+    /// });
+    /// ```
+    pub fn from_connect<F, Fut, E>(connect: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<AsyncMysqlConnection, E>> + Send + 'static,
+        E: Into<outbox_core::BoxError>,
+    {
+        Self::with_source(Source::factory(connect))
+    }
+
+    /// A store whose connection comes from the application's deadpool `pool`: it is taken
+    /// from the pool and detached from it ([`Object::take`]), since the relay holds its
+    /// connection for its whole life; the pool then opens a replacement for its other users.
+    /// A connection lost later is replaced by another taken from the pool. For a bb8 pool,
+    /// see [`from_bb8`](Self::from_bb8).
+    ///
+    /// [`Object::take`]: diesel_async::pooled_connection::deadpool::Object::take
+    ///
+    /// ```no_run
+    /// use diesel_async::AsyncMysqlConnection;
+    /// use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    /// use diesel_async::pooled_connection::deadpool::Pool;
+    /// use outbox_diesel::relay::MysqlRelayStore;
+    ///
+    /// let manager = AsyncDieselConnectionManager::<AsyncMysqlConnection>::new("mysql://app@db/app");
+    /// let pool = Pool::builder(manager).max_size(16).build().expect("a pool");
+    /// let store = MysqlRelayStore::from_pool(pool.clone());
+    /// ```
+    pub fn from_pool(
+        pool: diesel_async::pooled_connection::deadpool::Pool<AsyncMysqlConnection>,
+    ) -> Self {
+        Self::from_connect(move || {
+            let pool = pool.clone();
+            async move {
+                let conn = pool.get().await?;
+                Ok::<_, outbox_core::BoxError>(
+                    diesel_async::pooled_connection::deadpool::Object::take(conn),
+                )
+            }
+        })
+    }
+
+    /// A store whose connections come from the application's bb8 `pool`, opened by the
+    /// pool's manager (with its setup) but never checked into the pool
+    /// ([`dedicated_connection`]): bb8 cannot hand a pooled connection over for good, and the
+    /// relay holds its connections for its whole life. The pool's own connections are left to
+    /// the application.
+    ///
+    /// [`dedicated_connection`]: diesel_async::pooled_connection::bb8::Pool::dedicated_connection
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use diesel_async::AsyncMysqlConnection;
+    /// use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    /// use diesel_async::pooled_connection::bb8::Pool;
+    /// use outbox_diesel::relay::MysqlRelayStore;
+    ///
+    /// let manager = AsyncDieselConnectionManager::<AsyncMysqlConnection>::new("mysql://app@db/app");
+    /// let pool = Pool::builder().max_size(16).build(manager).await?;
+    /// let store = MysqlRelayStore::from_bb8(pool.clone());
+    /// # Ok(()) }
+    /// ```
+    pub fn from_bb8(
+        pool: diesel_async::pooled_connection::bb8::Pool<AsyncMysqlConnection>,
+    ) -> Self {
+        Self::from_connect(move || {
+            let pool = pool.clone();
+            async move { pool.dedicated_connection().await }
+        })
+    }
+
+    /// A store on connections from `source`.
+    fn with_source(source: Source<AsyncMysqlConnection>) -> Self {
         MysqlRelayStore {
             base: Base::new(
-                url.into(),
+                source,
                 MysqlConnector {
                     own_connections: Vec::new(),
                     mariadb: None,

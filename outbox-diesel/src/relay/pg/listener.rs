@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::sql::NOTIFY_CHANNEL;
+use crate::relay::base::Source;
 
 /// A `LISTEN outbox_events` connection and the task that drains it.
 pub(super) struct Listener {
@@ -24,9 +25,11 @@ pub(super) struct Listener {
 }
 
 impl Listener {
-    /// Connects to `url` and listens; the error is the connection's or `LISTEN`'s.
-    pub(super) async fn connect(url: &str) -> Result<Listener, String> {
-        let mut conn = crate::connect::postgres(url)
+    /// Connects through the store's `source` and listens; the error is the connection's or
+    /// `LISTEN`'s.
+    pub(super) async fn connect(source: &Source<AsyncPgConnection>) -> Result<Listener, String> {
+        let mut conn = source
+            .open::<super::PgConnector>()
             .await
             .map_err(|e| format!("listener connection failed: {e}"))?;
         conn.batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))

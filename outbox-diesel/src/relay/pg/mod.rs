@@ -17,11 +17,11 @@ use diesel::sql_types::{BigInt, Double, Timestamptz};
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use outbox_core::relay::{OutboxMessage, RelayHealth, RelayIdInUse, StoreError};
 
-use super::base::{Base, Connector};
+use super::base::{Base, Connector, Source};
 use super::common::Statement;
 use super::common::{ClaimedColumns, CreatedAt, Malformed};
 
-use sql::{ASYNC_COMMIT_SQL, CLEANUP, SESSION_SQL};
+use sql::{APPLICATION_NAME_SQL, ASYNC_COMMIT_SQL, CLEANUP, SESSION_SQL};
 
 /// [`CLEANUP`] for the events published more than `older_than` (seconds) ago, at most
 /// `limit`: the store's `cleanup` and the admin API's.
@@ -48,16 +48,22 @@ impl Row {
     }
 }
 
-/// What a relay connection runs first: [`SESSION_SQL`], the statement timeout, and
-/// [`ASYNC_COMMIT_SQL`] unless `synchronous_commit`.
-fn session_sql(timeout: Duration, synchronous_commit: bool) -> String {
+/// What a relay connection runs first: [`SESSION_SQL`], [`APPLICATION_NAME_SQL`] if
+/// `name_session`, the statement timeout, and [`ASYNC_COMMIT_SQL`] unless
+/// `synchronous_commit`.
+fn session_sql(timeout: Duration, synchronous_commit: bool, name_session: bool) -> String {
     let commit = if synchronous_commit {
         ""
     } else {
         ASYNC_COMMIT_SQL
     };
+    let name = if name_session {
+        format!("{APPLICATION_NAME_SQL}; ")
+    } else {
+        String::new()
+    };
     format!(
-        "{SESSION_SQL}; SET statement_timeout = {}; {commit}",
+        "{SESSION_SQL}; {name}SET statement_timeout = {}; {commit}",
         timeout.as_millis()
     )
 }
@@ -69,6 +75,8 @@ pub(crate) struct PgConnector {
     /// Keep the server's `synchronous_commit` for the relay's writes (see
     /// [`ASYNC_COMMIT_SQL`]).
     synchronous_commit: bool,
+    /// Set `application_name` (not for the application's own factory: its name is kept).
+    name_session: bool,
 }
 
 impl Connector for PgConnector {
@@ -88,8 +96,12 @@ impl Connector for PgConnector {
         conn: &mut Self::Conn,
         timeout: Duration,
     ) -> diesel::QueryResult<()> {
-        conn.batch_execute(&session_sql(timeout, self.synchronous_commit))
-            .await
+        conn.batch_execute(&session_sql(
+            timeout,
+            self.synchronous_commit,
+            self.name_session,
+        ))
+        .await
     }
 
     async fn heartbeat(
@@ -150,12 +162,107 @@ pub struct PgRelayStore {
 impl PgRelayStore {
     /// A store for the database at `url`; it connects on first use and after errors.
     pub fn new(url: impl Into<String>) -> Self {
+        Self::with_source(Source::Url(url.into()))
+    }
+
+    /// A store whose every connection comes from `connect`, the application's own connection
+    /// setup (custom TLS roots, an IAM token fetched per connection, …): the first one, each
+    /// one after an error, the `LISTEN` connection and the settler's. The store's session
+    /// settings still run on each. An error of `connect` is an outage, as a refused
+    /// connection is: the relay waits and retries, and reports it with the error's text.
+    ///
+    /// ```no_run
+    /// use diesel_async::{AsyncConnection, AsyncPgConnection};
+    /// use outbox_diesel::relay::PgRelayStore;
+    ///
+    /// let store = PgRelayStore::from_connect(|| async {
+    ///     // e.g. a fresh IAM token as the password of each connection
+    ///     let token = "…";
+    ///     AsyncPgConnection::establish(&format!(
+    ///         "postgres://relay:{token}@db.internal/app?application_name=relay"
+    ///     ))
+    ///     .await
+    /// });
+    /// ```
+    pub fn from_connect<F, Fut, E>(connect: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<AsyncPgConnection, E>> + Send + 'static,
+        E: Into<outbox_core::BoxError>,
+    {
+        Self::with_source(Source::factory(connect))
+    }
+
+    /// A store whose connections come from the application's deadpool `pool`: each one is
+    /// taken from the pool and detached from it ([`Object::take`]), since the relay holds its
+    /// connections for its whole life (two or three, see [`settle_beside`]); the pool then
+    /// opens replacements for its other users. A connection lost later is replaced by
+    /// another taken from the pool. For a bb8 pool, see [`from_bb8`](Self::from_bb8).
+    ///
+    /// [`Object::take`]: diesel_async::pooled_connection::deadpool::Object::take
+    /// [`settle_beside`]: Self::settle_beside
+    ///
+    /// ```no_run
+    /// use diesel_async::AsyncPgConnection;
+    /// use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    /// use diesel_async::pooled_connection::deadpool::Pool;
+    /// use outbox_diesel::relay::PgRelayStore;
+    ///
+    /// let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new("postgres://app@db/app");
+    /// let pool = Pool::builder(manager).max_size(16).build().expect("a pool");
+    /// let store = PgRelayStore::from_pool(pool.clone());
+    /// ```
+    pub fn from_pool(
+        pool: diesel_async::pooled_connection::deadpool::Pool<AsyncPgConnection>,
+    ) -> Self {
+        Self::from_connect(move || {
+            let pool = pool.clone();
+            async move {
+                let conn = pool.get().await?;
+                Ok::<_, outbox_core::BoxError>(
+                    diesel_async::pooled_connection::deadpool::Object::take(conn),
+                )
+            }
+        })
+    }
+
+    /// A store whose connections come from the application's bb8 `pool`, opened by the
+    /// pool's manager (with its setup) but never checked into the pool
+    /// ([`dedicated_connection`]): bb8 cannot hand a pooled connection over for good, and the
+    /// relay holds its connections for its whole life. The pool's own connections are left to
+    /// the application.
+    ///
+    /// [`dedicated_connection`]: diesel_async::pooled_connection::bb8::Pool::dedicated_connection
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use diesel_async::AsyncPgConnection;
+    /// use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    /// use diesel_async::pooled_connection::bb8::Pool;
+    /// use outbox_diesel::relay::PgRelayStore;
+    ///
+    /// let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new("postgres://app@db/app");
+    /// let pool = Pool::builder().max_size(16).build(manager).await?;
+    /// let store = PgRelayStore::from_bb8(pool.clone());
+    /// # Ok(()) }
+    /// ```
+    pub fn from_bb8(pool: diesel_async::pooled_connection::bb8::Pool<AsyncPgConnection>) -> Self {
+        Self::from_connect(move || {
+            let pool = pool.clone();
+            async move { pool.dedicated_connection().await }
+        })
+    }
+
+    /// A store on connections from `source`.
+    fn with_source(source: Source<AsyncPgConnection>) -> Self {
+        let name_session = matches!(source, Source::Url(_));
         PgRelayStore {
             base: Base::new(
-                url.into(),
+                source,
                 PgConnector {
                     session: None,
                     synchronous_commit: false,
+                    name_session,
                 },
             ),
             listener: None,
@@ -255,7 +362,7 @@ mod tests {
             .synchronous_commit(true)
             .statement_timeout(Duration::from_secs(2));
         let mut settler = store.settler().expect("a settler by default");
-        assert_eq!(settler.base.url(), "postgres://x");
+        assert!(matches!(settler.base.source(), Source::Url(url) if url == "postgres://x"));
         assert!(settler.base.connector.synchronous_commit);
         assert_eq!(settler.base.timeout.get(), Duration::from_secs(2));
         assert!(!settler.listen, "only the relay's own store listens");
@@ -263,12 +370,42 @@ mod tests {
         assert!(store.settle_beside(false).settler().is_none());
     }
 
+    #[tokio::test]
+    async fn a_factory_error_is_a_connect_error_with_its_text() {
+        use outbox_core::relay::RelayStore;
+        let mut store = PgRelayStore::from_connect(|| async {
+            Err::<AsyncPgConnection, _>("the token service is unavailable")
+        });
+        let settler = store.settler().expect("a settler by default");
+        for mut store in [store, settler] {
+            let e = store.connect().await.expect_err("the factory fails");
+            assert_eq!(e.operation, "connect");
+            assert_eq!(
+                e.to_string(),
+                "outbox store failed to connect: the connection factory for PostgreSQL \
+                 failed: the token service is unavailable"
+            );
+        }
+    }
+
+    #[test]
+    fn a_factory_keeps_its_application_name() {
+        let by_url = PgRelayStore::new("postgres://x");
+        assert!(by_url.base.connector.name_session);
+        let by_factory =
+            PgRelayStore::from_connect(|| async { Err::<AsyncPgConnection, _>("unused") });
+        assert!(!by_factory.base.connector.name_session);
+        let sql = session_sql(Duration::from_secs(1), false, false);
+        assert!(!sql.contains("application_name"), "{sql}");
+    }
+
     #[test]
     fn relay_sessions_commit_asynchronously_unless_asked() {
-        let default = session_sql(Duration::from_secs(10), false);
+        let default = session_sql(Duration::from_secs(10), false, true);
         assert!(default.ends_with("SET statement_timeout = 10000; SET synchronous_commit = off"));
         assert!(default.starts_with(SESSION_SQL));
-        let synchronous = session_sql(Duration::from_secs(10), true);
+        assert!(default.contains(APPLICATION_NAME_SQL));
+        let synchronous = session_sql(Duration::from_secs(10), true, true);
         assert!(!synchronous.contains("synchronous_commit"), "{synchronous}");
         let store = PgRelayStore::new("postgres://x");
         assert!(!store.base.connector.synchronous_commit);

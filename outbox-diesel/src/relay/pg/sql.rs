@@ -47,8 +47,11 @@ pub const NOTIFY_CHANNEL: &str = "outbox_events";
 /// LLVM on every claim: 20–25 ms of server CPU for a claim that runs in under 1 ms, found with
 /// `EXPLAIN (ANALYZE)` while the benchmark showed ordered drains at 3–17 % of the SQL ceiling
 /// with the server burning a core. The claims are short index scans; JIT never pays here.
-pub const SESSION_SQL: &str = "SET plan_cache_mode = force_custom_plan; SET jit = off; \
-     SET application_name = 'outbox-relay'";
+pub const SESSION_SQL: &str = "SET plan_cache_mode = force_custom_plan; SET jit = off";
+
+/// Names the relay's sessions in `pg_stat_activity`, unless the connections come from the
+/// application's own factory, whose `application_name` is kept.
+pub const APPLICATION_NAME_SQL: &str = "SET application_name = 'outbox-relay'";
 
 /// Added to [`SESSION_SQL`] unless the store was asked for synchronous commits
 /// ([`PgRelayStore::synchronous_commit`](super::PgRelayStore::synchronous_commit)).

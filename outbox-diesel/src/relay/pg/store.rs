@@ -19,13 +19,13 @@ use crate::relay::common::{
 };
 
 impl RelayStore for PgRelayStore {
-    /// The same database and session settings, no listener, no settler of its own; it
+    /// The same database (the same URL, or the same connection factory) and session settings, no listener, no settler of its own; it
     /// records no heartbeat (its statements are fenced by the row leases).
     fn settler(&mut self) -> Option<Self> {
         if !self.settle_beside {
             return None;
         }
-        let mut store = PgRelayStore::new(self.base.url())
+        let mut store = PgRelayStore::with_source(self.base.source().clone())
             .synchronous_commit(self.base.connector.synchronous_commit)
             .listen(false)
             .settle_beside(false);
@@ -294,7 +294,7 @@ impl RelayStore for PgRelayStore {
             return;
         }
         if self.listener.is_none() {
-            match super::listener::Listener::connect(self.base.url()).await {
+            match super::listener::Listener::connect(self.base.source()).await {
                 Ok(l) => self.listener = Some(l),
                 Err(e) => tracing::warn!(error = %e, "no LISTEN connection; polling"),
             }

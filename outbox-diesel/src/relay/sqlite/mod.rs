@@ -12,7 +12,7 @@ use diesel::sqlite::Sqlite;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use outbox_core::relay::StoreError;
 
-use super::base::{Base, Connector};
+use super::base::{Base, Connector, Source};
 use super::common::MAX_INTERVAL;
 use super::common::Statement;
 use crate::backend::sqlite_timestamp;
@@ -149,7 +149,7 @@ impl SqliteRelayStore {
     /// first use and after errors.
     pub fn new(url: impl Into<String>) -> Self {
         SqliteRelayStore {
-            base: Base::new(url.into(), SqliteConnector),
+            base: Base::new(Source::Url(url.into()), SqliteConnector),
         }
     }
 
