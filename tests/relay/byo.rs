@@ -212,6 +212,20 @@ mod postgres {
         assert_in_order(&broker, aggregates, per);
     }
 
+    /// The sessions once at least `n` are there and all carry [`APP_NAME`] (a test's own
+    /// connection that just closed may be listed for an instant), or as they are after 5 s.
+    async fn relay_sessions(db: &TestDatabase, n: usize) -> Vec<String> {
+        let start = Instant::now();
+        loop {
+            let names = sessions(db);
+            let settled = names.len() >= n && names.iter().all(|name| name == APP_NAME);
+            if settled || start.elapsed() > Duration::from_secs(5) {
+                return names;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Every connection of a relay built on a factory comes from it (the application_name it
     /// sets shows on every session: the store's, the settler's, the listener's); after its
     /// sessions are terminated the relay reconnects through the factory and keeps publishing.
@@ -234,11 +248,7 @@ mod postgres {
             "drained"
         );
         // Store, settler and listener.
-        let start = Instant::now();
-        while sessions(&db).len() < 3 && start.elapsed() < Duration::from_secs(5) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let before = sessions(&db);
+        let before = relay_sessions(&db, 3).await;
         assert!(before.len() >= 3, "store, settler, listener: {before:?}");
         assert!(before.iter().all(|n| n == APP_NAME), "{before:?}");
         let made = calls.load(Ordering::SeqCst);
@@ -262,7 +272,7 @@ mod postgres {
             calls.load(Ordering::SeqCst) >= made + 2,
             "reconnected through the factory"
         );
-        let after = sessions(&db);
+        let after = relay_sessions(&db, 1).await;
         assert!(
             !after.is_empty() && after.iter().all(|n| n == APP_NAME),
             "{after:?}"
@@ -316,8 +326,33 @@ mod postgres {
 mod mysql {
     use super::*;
     use crate::backends::Mysql;
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use diesel_async::pooled_connection::deadpool::Pool;
     use diesel_async::{AsyncConnection, AsyncMysqlConnection};
     use outbox::relay::MysqlRelayStore;
+
+    /// A MySQL relay on a connection detached from the application's deadpool pool publishes
+    /// every event in order, and the pool still hands out its full size.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn from_pool_relays_in_order() {
+        let db = Mysql::database("byo_pool");
+        write::<Mysql>(&db, 5, 4, 0);
+        let manager = AsyncDieselConnectionManager::<AsyncMysqlConnection>::new(&db.url);
+        let pool = Pool::builder(manager).max_size(1).build().unwrap();
+        let broker = Arc::new(MemoryBroker::new());
+        let relay = start(MysqlRelayStore::from_pool(pool.clone()), broker.clone());
+        assert!(
+            drained::<Mysql>(&db, Duration::from_secs(10)).await,
+            "drained"
+        );
+        let held = tokio::time::timeout(Duration::from_secs(2), pool.get())
+            .await
+            .expect("the pool is not exhausted by the relay")
+            .unwrap();
+        drop(held);
+        relay.stop().await;
+        assert_in_order(&broker, 5, 4);
+    }
 
     /// A MySQL relay on a factory that fails its first calls: an outage, then every event
     /// published in order through the factory's connections.

@@ -5,7 +5,9 @@
 //! repeats the last heartbeat before anything else runs on it).
 //!
 //! Each backend's [`Connector`] holds what differs: the connection type, the session's
-//! settings, and how a heartbeat records the relay's session.
+//! settings, and how a heartbeat records the relay's session. Connections come from a
+//! [`Source`]: the store's URL, or the application's own factory (custom TLS, per-connection
+//! credentials, a pool); the session's settings run on each either way.
 //!
 //! **The statement timeout follows the relay's lease.** The relay renews its shard and
 //! leadership leases every third of a lease, so a statement that can wait longer than that
