@@ -313,7 +313,8 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 }
             };
             outage = 0;
-            if let Some(largest) = batch.iter().map(window::event_bytes).max() {
+            let (bytes, largest) = window::weigh(&batch);
+            if !batch.is_empty() {
                 self.event_bytes = largest.max(self.event_bytes - self.event_bytes / 4);
             }
             if ordered {
@@ -379,7 +380,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 fenced = tracing::field::Empty,
                 unavailable = tracing::field::Empty,
             );
-            self.start_publish(&mut window, batch, span, claimed);
+            self.start_publish(&mut window, batch, bytes, span, claimed);
             // The store's work while the batch is published (stream mode: the last batch's
             // positions, the next rows); the batch is settled once both are done.
             self.store.overlap(&claim).await;

@@ -24,9 +24,17 @@ pub(super) struct InFlight {
     bytes: usize,
 }
 
+/// The size of `batch`'s events ([`event_bytes`]) and of its largest, in one pass.
+pub(super) fn weigh(batch: &[OutboxMessage]) -> (usize, usize) {
+    batch
+        .iter()
+        .map(event_bytes)
+        .fold((0, 0), |(sum, largest), b| (sum + b, largest.max(b)))
+}
+
 /// What an event holds in memory, near enough to bound the relay's: its payload, headers,
 /// and the text of its keys.
-pub(super) fn event_bytes(m: &OutboxMessage) -> usize {
+fn event_bytes(m: &OutboxMessage) -> usize {
     const FIXED: usize = 128; // the struct, its id, times and numbers
     let headers: usize = m.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
     FIXED
@@ -167,6 +175,7 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         &self,
         window: &mut Window,
         batch: Vec<OutboxMessage>,
+        bytes: usize,
         span: tracing::Span,
         claimed: Instant,
     ) {
@@ -188,7 +197,6 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
             })
         };
         let publish = tokio::spawn(publish.instrument(span.clone()));
-        let bytes = batch.iter().map(event_bytes).sum();
         window.bytes += bytes;
         window.batches.push_back(InFlight {
             batch,

@@ -132,6 +132,23 @@ macro_rules! stream_copy {
 #[cfg(feature = "postgres_backend")]
 pub(crate) use stream_copy;
 
+/// The rows of `outbox_events` a replay selects where there is stream mode: published by a
+/// lease mode, or passed by a stream position and not dead, and not in the stream's dead
+/// letters already. The bound of a replay batch and the batch itself select by it.
+#[cfg(feature = "postgres_backend")]
+macro_rules! replayable {
+    () => {
+        concat!(
+            "(published_at IS NOT NULL OR (dead_at IS NULL AND ",
+            $crate::relay::pg::handover::passed!(),
+            ")) AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
+             WHERE d.seq = outbox_events.seq)"
+        )
+    };
+}
+#[cfg(feature = "postgres_backend")]
+pub(crate) use replayable;
+
 /// Defines the admin statements whose text is the same on every backend but for the filter
 /// and the text of a time column (the backend's `filter!()` and `time!(column)`, expanded
 /// where this is), the time they take as now (`now`, `retry_now`, `replay_now`: SQLite binds
@@ -250,10 +267,8 @@ macro_rules! filtered_statements {
             ),
             replay_bound: concat!(
                 "SELECT MAX(seq) AS last FROM (SELECT seq FROM outbox_events \
-                 WHERE (published_at IS NOT NULL OR (dead_at IS NULL AND ",
-                $crate::relay::pg::handover::passed!(),
-                ")) AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
-                 WHERE d.seq = outbox_events.seq)",
+                 WHERE ",
+                $crate::relay::admin::backend::replayable!(),
                 filter!(),
                 " AND seq > ",
                 $after,
@@ -266,10 +281,8 @@ macro_rules! filtered_statements {
                 $crate::relay::pg::handover::stream_in_use!(),
                 " AS in_use), \
                  sel AS MATERIALIZED (SELECT seq FROM outbox_events \
-                 WHERE (published_at IS NOT NULL OR (dead_at IS NULL AND ",
-                $crate::relay::pg::handover::passed!(),
-                ")) AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
-                 WHERE d.seq = outbox_events.seq)",
+                 WHERE ",
+                $crate::relay::admin::backend::replayable!(),
                 filter!(),
                 " AND seq > ",
                 $after,

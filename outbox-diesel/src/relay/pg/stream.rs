@@ -981,7 +981,8 @@ impl PgRelayStore {
                 Err(Outcome::Parked(behind))
             } else {
                 match c.columns.into_message(Ok(c.id), c.created_at) {
-                    Ok(m) if dead_letters_block => {
+                    // Looked up only while there are malformed rows (the key is two copies).
+                    Ok(m) if dead_letters_block && !self.stream.malformed.is_empty() => {
                         match self
                             .stream
                             .malformed
