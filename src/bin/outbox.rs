@@ -173,6 +173,13 @@ struct RelayArgs {
     /// server session does not belong to one relay.
     #[arg(long, env = "OUTBOX_NO_SESSION_CHECK")]
     no_session_check: bool,
+    /// PostgreSQL: the database URL is a pooler in transaction mode (e.g. PgBouncer with
+    /// `pool_mode = transaction`). Each unit of work then runs in a transaction of its own
+    /// with its settings local to it (nothing stays on the server connections the
+    /// application gets), no statement is kept prepared, the relay polls instead of
+    /// LISTEN, and sessions are not checked (as --no-session-check).
+    #[arg(long, env = "OUTBOX_TRANSACTION_POOLER")]
+    transaction_pooler: bool,
     /// Serve Prometheus metrics at /metrics, and /healthz and /readyz, on this address
     /// (e.g. `0.0.0.0:9464`).
     #[arg(long, env = "OUTBOX_METRICS_ADDR", value_name = "HOST:PORT")]
@@ -425,7 +432,7 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     if let Some(id) = args.relay_id {
         config.relay_id = id;
     }
-    if args.no_session_check {
+    if args.no_session_check || args.transaction_pooler {
         config.session_check = None;
     }
     config.validate()?;
@@ -452,14 +459,24 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
             .to_string(),
         ));
     }
-    if matches!(backend, Backend::Postgres) {
+    // Behind a transaction pooler the store makes the same check in its first claim's
+    // transaction; the admin connection's statements would run outside one.
+    if matches!(backend, Backend::Postgres) && !args.transaction_pooler {
         let block = config.dead_letters == outbox::relay::DeadLetterPolicy::Block;
         ops::refuse_mode_switch(&url, config.mode == Mode::Stream, block).await?;
     }
     match backend {
         Backend::Postgres => {
             // The store keeps its statement timeout below a third of the relay's lease.
+            if args.transaction_pooler {
+                tracing::info!(
+                    poll_interval = ?config.poll_interval,
+                    "behind a transaction pooler: a transaction per unit of work, no LISTEN \
+                     (polling), no session check (the lease is the rule)"
+                );
+            }
             let store = PgRelayStore::new(url)
+                .transaction_pooler(args.transaction_pooler)
                 .listen(!args.no_listen)
                 .synchronous_commit(args.synchronous_commit)
                 .stream_read_ahead(args.stream_read_ahead as usize);

@@ -43,6 +43,9 @@ pub use mysql::mysql;
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres_backend")))]
 pub use pg::postgres;
+#[cfg(all(feature = "postgres_backend", feature = "relay"))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "postgres_backend", feature = "relay"))))]
+pub use pg::postgres_pooled;
 
 use std::fmt;
 use std::path::PathBuf;

@@ -26,11 +26,68 @@ use super::pg_url::{PgUrl, SslMode};
 pub async fn postgres(url: &str) -> Result<AsyncPgConnection, ConnectError> {
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let url = PgUrl::parse(url, home)?;
-    open(&url).await
+    open(&url, false).await
+}
+
+/// [`postgres`] for a connection through a pooler in transaction mode (PgBouncer's
+/// `pool_mode = transaction`): diesel-async's connection set-up (`SET TIME ZONE`, `SET
+/// CLIENT_ENCODING`, run as prepared statements) runs inside a transaction, so that each
+/// statement is prepared and run on one server connection and nothing prepared is left on
+/// one. The relay's stores open their connections with it when told they are behind such a
+/// pooler; a connection factory given to them can too.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), outbox_diesel::connect::ConnectError> {
+/// let conn =
+///     outbox_diesel::connect::postgres_pooled("postgres://relay@pgbouncer.internal:6432/app")
+///         .await?;
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "relay")]
+pub async fn postgres_pooled(url: &str) -> Result<AsyncPgConnection, ConnectError> {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let url = PgUrl::parse(url, home)?;
+    open(&url, true).await
+}
+
+/// The connection from a connected client: diesel-async's set-up, in a transaction when
+/// `pooled` (see [`postgres_pooled`]); then the connection is driven by a task of its own,
+/// which ends when the connection is dropped.
+#[cfg(any(feature = "tls", feature = "relay"))]
+async fn finish<S>(
+    url: &PgUrl,
+    client: tokio_postgres::Client,
+    conn: tokio_postgres::Connection<tokio_postgres::Socket, S>,
+    pooled: bool,
+) -> Result<AsyncPgConnection, ConnectError>
+where
+    S: tokio_postgres::tls::TlsStream + Unpin + Send + 'static,
+{
+    if !pooled {
+        return AsyncPgConnection::try_from_client_and_connection(client, conn)
+            .await
+            .map_err(|e| connect_error(url, &e));
+    }
+    use diesel_async::SimpleAsyncConnection;
+    tokio::spawn(async move {
+        // Its error reaches the client's next call, which fails with it.
+        let _ = conn.await;
+    });
+    client
+        .batch_execute("BEGIN")
+        .await
+        .map_err(|e| connect_error(url, &e))?;
+    let mut conn = AsyncPgConnection::try_from(client)
+        .await
+        .map_err(|e| connect_error(url, &e))?;
+    conn.batch_execute("COMMIT")
+        .await
+        .map_err(|e| connect_error(url, &e))?;
+    Ok(conn)
 }
 
 #[cfg(feature = "tls")]
-async fn open(url: &PgUrl) -> Result<AsyncPgConnection, ConnectError> {
+async fn open(url: &PgUrl, pooled: bool) -> Result<AsyncPgConnection, ConnectError> {
     use super::tls::{MakeRustls, client_config};
     use tokio_postgres::config::SslMode as Mode;
 
@@ -44,9 +101,7 @@ async fn open(url: &PgUrl) -> Result<AsyncPgConnection, ConnectError> {
             .connect(tokio_postgres::NoTls)
             .await
             .map_err(|e| connect_error(url, &e))?;
-        AsyncPgConnection::try_from_client_and_connection(client, conn)
-            .await
-            .map_err(|e| connect_error(url, &e))
+        finish(url, client, conn, pooled).await
     };
     let tls = |mut config: tokio_postgres::Config, mode: Mode| async move {
         config.ssl_mode(mode);
@@ -54,9 +109,7 @@ async fn open(url: &PgUrl) -> Result<AsyncPgConnection, ConnectError> {
             .connect(MakeRustls(client_config(url)?))
             .await
             .map_err(|e| connect_error(url, &e))?;
-        AsyncPgConnection::try_from_client_and_connection(client, conn)
-            .await
-            .map_err(|e| connect_error(url, &e))
+        finish(url, client, conn, pooled).await
     };
     match url.mode {
         SslMode::Disable => plain(config).await,
@@ -75,7 +128,7 @@ async fn open(url: &PgUrl) -> Result<AsyncPgConnection, ConnectError> {
 
 /// Without rustls: plain sessions only.
 #[cfg(not(feature = "tls"))]
-async fn open(url: &PgUrl) -> Result<AsyncPgConnection, ConnectError> {
+async fn open(url: &PgUrl, pooled: bool) -> Result<AsyncPgConnection, ConnectError> {
     use diesel_async::AsyncConnection;
 
     if url.mode >= SslMode::Require {
@@ -84,6 +137,21 @@ async fn open(url: &PgUrl) -> Result<AsyncPgConnection, ConnectError> {
             super::pg_url::mode_name(url.mode)
         )));
     }
+    #[cfg(feature = "relay")]
+    if pooled {
+        let mut config: tokio_postgres::Config = url
+            .url
+            .parse()
+            .map_err(|e: tokio_postgres::Error| ConnectError::Url(e.to_string()))?;
+        config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+        let (client, conn) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| connect_error(url, &e))?;
+        return finish(url, client, conn, true).await;
+    }
+    #[cfg(not(feature = "relay"))]
+    let _ = pooled;
     AsyncPgConnection::establish(&url.url)
         .await
         .map_err(|e| ConnectError::Connect {
@@ -95,16 +163,17 @@ async fn open(url: &PgUrl) -> Result<AsyncPgConnection, ConnectError> {
 /// A driver error as a [`ConnectError`]: a failed TLS handshake by its rustls cause, a
 /// server's refusal by its message (one line: no DETAIL or HINT), anything else in the
 /// driver's words with their causes.
-#[cfg(feature = "tls")]
+#[cfg(any(feature = "tls", feature = "relay"))]
 fn connect_error(url: &PgUrl, e: &(dyn std::error::Error + 'static)) -> ConnectError {
-    let host = url
-        .server
-        .rsplit_once(':')
-        .map_or(url.server.as_str(), |(h, _)| h);
     let mut words: Vec<String> = Vec::new();
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cause {
+        #[cfg(feature = "tls")]
         if let Some(tls) = super::tls_cause(err) {
+            let host = url
+                .server
+                .rsplit_once(':')
+                .map_or(url.server.as_str(), |(h, _)| h);
             return ConnectError::Tls {
                 server: url.server.clone(),
                 reason: super::describe(tls, host, "sslrootcert"),

@@ -50,6 +50,12 @@ pub(crate) trait Connector: Send + 'static {
         }
     }
 
+    /// Opens a connection to `url` for a unit of work run [per
+    /// transaction](Self::per_transaction) (by default as [`establish`](Self::establish)).
+    fn establish_pooled(url: &str) -> impl Future<Output = Result<Self::Conn, StoreError>> + Send {
+        Self::establish(url)
+    }
+
     /// Configures a new session: `timeout` is the longest a statement may run.
     fn configure(
         &mut self,
@@ -60,6 +66,32 @@ pub(crate) trait Connector: Send + 'static {
     /// Whether a kept connection may run the next unit of work.
     fn reusable(_conn: &mut Self::Conn) -> bool {
         true
+    }
+
+    /// Whether each unit of work runs in a transaction of its own, with the settings
+    /// [`configure`](Self::configure) would give the session made local to it: behind a
+    /// transaction pooler, where a session's settings would stay with a server connection
+    /// that other clients get next.
+    fn per_transaction(&self) -> bool {
+        false
+    }
+
+    /// Begins a unit of work's transaction (only called when [`per_transaction`]).
+    ///
+    /// [`per_transaction`]: Self::per_transaction
+    fn begin(
+        &mut self,
+        _conn: &mut Self::Conn,
+        _timeout: Duration,
+    ) -> impl Future<Output = diesel::QueryResult<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Commits a unit of work's transaction (only called when [`per_transaction`]).
+    ///
+    /// [`per_transaction`]: Self::per_transaction
+    fn commit(_conn: &mut Self::Conn) -> impl Future<Output = diesel::QueryResult<()>> + Send {
+        async { Ok(()) }
     }
 
     /// Writes the heartbeat row, recording the relay's session; `Some` when another live
@@ -121,10 +153,12 @@ impl<Conn: Send + 'static> Source<Conn> {
         }))
     }
 
-    /// A new connection, through the backend's `establish` or the factory; a factory's error
-    /// is a connection error (an outage: the relay waits and retries) with its own text.
-    pub async fn open<C: Connector<Conn = Conn>>(&self) -> Result<Conn, StoreError> {
+    /// A new connection, through the backend's `establish` (`establish_pooled` if `pooled`)
+    /// or the factory; a factory's error is a connection error (an outage: the relay waits
+    /// and retries) with its own text.
+    pub async fn open<C: Connector<Conn = Conn>>(&self, pooled: bool) -> Result<Conn, StoreError> {
         match self {
+            Source::Url(url) if pooled => C::establish_pooled(url).await,
             Source::Url(url) => C::establish(url).await,
             Source::Factory(f) => f().await.map_err(|e| {
                 StoreError::new(
@@ -177,6 +211,10 @@ pub(crate) struct Base<C: Connector> {
     pub timeout: StatementTimeout,
     /// The timeout the current connection was configured with.
     applied: Option<Duration>,
+    /// Whether a unit of work's transaction is open on the connection (only when the
+    /// connector runs [`per_transaction`](Connector::per_transaction)); [`check`](Self::check)
+    /// commits it.
+    in_unit: bool,
 }
 
 impl<C: Connector> Base<C> {
@@ -189,6 +227,7 @@ impl<C: Connector> Base<C> {
             guard: IdGuard::default(),
             timeout: StatementTimeout::default(),
             applied: None,
+            in_unit: false,
         }
     }
 
@@ -205,7 +244,10 @@ impl<C: Connector> Base<C> {
     }
 
     /// The connection, made (configured, and the last heartbeat repeated on it) if there is
-    /// none or the kept one cannot be reused.
+    /// none or the kept one cannot be reused. Per transaction (see
+    /// [`Connector::per_transaction`]), a unit of work's transaction is begun on it if none is
+    /// open, before anything else runs; [`check`](Self::check) or [`finish`](Self::finish)
+    /// ends it.
     pub async fn conn(&mut self) -> Result<&mut C::Conn, StoreError> {
         if let Some(conn) = self.conn.as_mut()
             && !C::reusable(conn)
@@ -213,23 +255,40 @@ impl<C: Connector> Base<C> {
             self.conn = None;
         }
         let timeout = self.timeout.get();
-        if let Some(conn) = self.conn.as_mut()
-            && self.applied != Some(timeout)
-        {
-            // The relay's lease changed (or became known): configure the session again.
-            if let Err(e) = self.connector.configure(conn, timeout).await {
-                self.conn = None;
-                return Err(StoreError::new("configure the session", e));
+        let per_transaction = self.connector.per_transaction();
+        if let Some(conn) = self.conn.as_mut() {
+            if per_transaction {
+                if !self.in_unit {
+                    // Each transaction carries the timeout in force as it begins.
+                    if let Err(e) = self.connector.begin(conn, timeout).await {
+                        self.conn = None;
+                        return Err(StoreError::new("begin a transaction", e));
+                    }
+                    self.in_unit = true;
+                }
+            } else if self.applied != Some(timeout) {
+                // The relay's lease changed (or became known): configure the session again.
+                if let Err(e) = self.connector.configure(conn, timeout).await {
+                    self.conn = None;
+                    return Err(StoreError::new("configure the session", e));
+                }
+                self.applied = Some(timeout);
             }
-            self.applied = Some(timeout);
         }
         if self.conn.is_none() {
-            let mut conn = self.source.open::<C>().await?;
+            self.in_unit = false;
+            let mut conn = self.source.open::<C>(per_transaction).await?;
             self.connector
                 .configure(&mut conn, timeout)
                 .await
                 .map_err(|e| StoreError::new("configure the session", e))?;
             self.applied = Some(timeout);
+            if per_transaction {
+                self.connector
+                    .begin(&mut conn, timeout)
+                    .await
+                    .map_err(|e| StoreError::new("begin a transaction", e))?;
+            }
             if let Some((relay, lease, health)) = &self.guard.beat {
                 // A new connection: record the relay's session at once, before a peer takes
                 // the old one's end for this relay's death, and before anything else runs on
@@ -242,11 +301,28 @@ impl<C: Connector> Base<C> {
                     .map_err(|e| StoreError::new(C::BEAT_ON_CONNECT, e))?;
             }
             self.connected_at = Some(Instant::now());
+            self.in_unit = per_transaction;
             self.conn = Some(conn);
         }
         self.conn
             .as_mut()
             .ok_or_else(|| StoreError::new("connect", "no connection"))
+    }
+
+    /// Ends the unit of work: commits its transaction, if one is open (per transaction);
+    /// otherwise nothing. After a failed commit the connection is dropped.
+    pub async fn finish(&mut self, op: &'static str) -> Result<(), StoreError> {
+        if !std::mem::take(&mut self.in_unit) {
+            return Ok(());
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        if let Err(e) = C::commit(conn).await {
+            self.conn = None;
+            return Err(store_error(op, e));
+        }
+        Ok(())
     }
 
     /// The connection for `op`, a call that carries the relay's `lease` and must not run
@@ -259,7 +335,10 @@ impl<C: Connector> Base<C> {
     ) -> Result<&mut C::Conn, StoreError> {
         self.lease(lease);
         self.conn().await?;
-        self.guard.refuse(op)?;
+        if let Err(e) = self.guard.refuse(op) {
+            self.finish(op).await?;
+            return Err(e);
+        }
         self.conn().await
     }
 
@@ -273,17 +352,25 @@ impl<C: Connector> Base<C> {
         self.conn().await.map(Some)
     }
 
-    /// Passes a result through; after an error the connection is dropped and the next call
-    /// reconnects (the error may be a lost connection).
-    pub fn check<T>(
+    /// Passes a result through, ending the unit of work (see [`finish`](Self::finish));
+    /// after an error the connection is dropped (with the unit's transaction, if one is open)
+    /// and the next call reconnects (the error may be a lost connection).
+    pub async fn check<T>(
         &mut self,
         op: &'static str,
         r: diesel::QueryResult<T>,
     ) -> Result<T, StoreError> {
-        r.map_err(|e| {
-            self.conn = None;
-            store_error(op, e)
-        })
+        match r {
+            Ok(v) => {
+                self.finish(op).await?;
+                Ok(v)
+            }
+            Err(e) => {
+                self.conn = None;
+                self.in_unit = false;
+                Err(store_error(op, e))
+            }
+        }
     }
 
     /// The store's `heartbeat`: remembers it for new connections and writes it (a new
@@ -306,7 +393,9 @@ impl<C: Connector> Base<C> {
                 .as_mut()
                 .ok_or_else(|| StoreError::new("connect", "no connection"))?;
             let r = self.connector.heartbeat(conn, relay, lease, health).await;
-            self.guard.in_use = self.check("heartbeat", r)?;
+            self.guard.in_use = self.check("heartbeat", r).await?;
+        } else {
+            self.finish("heartbeat").await?;
         }
         self.guard.refuse("heartbeat")
     }
@@ -317,6 +406,7 @@ impl<C: Connector> Base<C> {
     pub async fn reap(&mut self, relay: &str) -> Result<Vec<String>, StoreError> {
         self.conn().await?;
         if !self.guard.may_reap(self.connected_at) {
+            self.finish("reap dead relays").await?;
             return Ok(Vec::new());
         }
         let conn = self
@@ -324,7 +414,7 @@ impl<C: Connector> Base<C> {
             .as_mut()
             .ok_or_else(|| StoreError::new("connect", "no connection"))?;
         let r = C::reap(conn, relay).await;
-        self.check("reap dead relays", r)
+        self.check("reap dead relays", r).await
     }
 }
 
@@ -345,7 +435,7 @@ macro_rules! server_methods {
         ) -> Result<u64, outbox_core::relay::StoreError> {
             let q = cleanup_query(older_than, i64::try_from(limit).unwrap_or(i64::MAX));
             let r = q.execute(self.base.conn().await?).await;
-            self.base.check("clean up", r).map(|n| n as u64)
+            self.base.check("clean up", r).await.map(|n| n as u64)
         }
     };
     (sessions) => {

@@ -7,7 +7,7 @@
 //! none. Decoded as [`CreatedAt`], it makes that one row malformed: dead-lettered with the
 //! value in its `last_error`, while the rest of the claim is published.
 
-use chrono::{DateTime, NaiveDateTime, Utc};
+use chrono::{DateTime, Utc};
 
 /// A row's `created_at`: the time, or the stored value (as text) when it is no time the
 /// relay can represent.
@@ -115,7 +115,7 @@ fn parse_sqlite(text: &str) -> Option<DateTime<Utc>> {
     ];
     if let Some(time) = FORMATS
         .iter()
-        .find_map(|f| NaiveDateTime::parse_from_str(text, f).ok())
+        .find_map(|f| chrono::NaiveDateTime::parse_from_str(text, f).ok())
     {
         return Some(time.and_utc());
     }

@@ -54,7 +54,7 @@ impl RelayStore for MysqlRelayStore {
                 );
                 Ok(Vec::new())
             }
-            Err(ClaimError::Db(e)) => self.base.check("claim", Err(e)),
+            Err(ClaimError::Db(e)) => self.base.check("claim", Err(e)).await,
         }
     }
 
@@ -79,7 +79,7 @@ impl RelayStore for MysqlRelayStore {
             }
             Ok::<_, diesel::result::Error>(n as u64)
         });
-        self.base.check("mark published", r)
+        self.base.check("mark published", r).await
     }
 
     async fn fail(&mut self, relay: &str, failures: &[Failure]) -> Result<u64, StoreError> {
@@ -116,7 +116,7 @@ impl RelayStore for MysqlRelayStore {
             }
             Ok::<_, diesel::result::Error>(n as u64)
         });
-        self.base.check("record failures", r)
+        self.base.check("record failures", r).await
     }
 
     async fn release(&mut self, relay: &str, seqs: &[i64]) -> Result<u64, StoreError> {
@@ -131,7 +131,7 @@ impl RelayStore for MysqlRelayStore {
             }
             Ok::<_, diesel::result::Error>(n as u64)
         });
-        self.base.check("release", r)
+        self.base.check("release", r).await
     }
 
     async fn acquire_leadership(
@@ -157,7 +157,7 @@ impl RelayStore for MysqlRelayStore {
                 .optional()?;
             Ok::<_, diesel::result::Error>(holder.is_some_and(|h| h.holder == relay))
         });
-        self.base.check("acquire leadership", r)
+        self.base.check("acquire leadership", r).await
     }
 
     async fn rebalance_shards(
@@ -173,7 +173,7 @@ impl RelayStore for MysqlRelayStore {
             }
             Err(e) => Err(e),
         };
-        self.base.check("rebalance shards", r)
+        self.base.check("rebalance shards", r).await
     }
 
     async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
@@ -181,7 +181,7 @@ impl RelayStore for MysqlRelayStore {
             return Ok(());
         };
         let r = in_transaction!(conn, async |conn| run_each(conn, &RELEASE_ALL, relay).await);
-        self.base.check("release leases", r)
+        self.base.check("release leases", r).await
     }
 
     server_methods!();

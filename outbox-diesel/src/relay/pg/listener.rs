@@ -29,7 +29,7 @@ impl Listener {
     /// `LISTEN`'s.
     pub(super) async fn connect(source: &Source<AsyncPgConnection>) -> Result<Listener, String> {
         let mut conn = source
-            .open::<super::PgConnector>()
+            .open::<super::PgConnector>(false)
             .await
             .map_err(|e| format!("listener connection failed: {e}"))?;
         conn.batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))

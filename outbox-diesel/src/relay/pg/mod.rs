@@ -68,6 +68,22 @@ fn session_sql(timeout: Duration, synchronous_commit: bool, name_session: bool) 
     )
 }
 
+/// What begins a unit of work's transaction behind a transaction pooler: the settings of
+/// [`session_sql`] (but `application_name`, which PgBouncer keeps per client), local to the
+/// transaction.
+fn local_sql(timeout: Duration, synchronous_commit: bool) -> String {
+    let commit = if synchronous_commit {
+        ""
+    } else {
+        "SET LOCAL synchronous_commit = off; "
+    };
+    format!(
+        "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL jit = off; \
+         SET LOCAL statement_timeout = {}; {commit}",
+        timeout.as_millis()
+    )
+}
+
 /// PostgreSQL's part of the store's connection: the session settings, and the session the
 /// last heartbeat recorded.
 pub(crate) struct PgConnector {
@@ -77,6 +93,8 @@ pub(crate) struct PgConnector {
     synchronous_commit: bool,
     /// Set `application_name` (not for the application's own factory: its name is kept).
     name_session: bool,
+    /// Behind a transaction pooler ([`PgRelayStore::transaction_pooler`]).
+    pooler: bool,
 }
 
 impl Connector for PgConnector {
@@ -91,17 +109,46 @@ impl Connector for PgConnector {
             .map_err(|e| StoreError::new("connect", e))
     }
 
+    /// Through [`crate::connect::postgres_pooled`]: nothing prepared outside a transaction.
+    async fn establish_pooled(url: &str) -> Result<Self::Conn, StoreError> {
+        crate::connect::postgres_pooled(url)
+            .await
+            .map_err(|e| StoreError::new("connect", e))
+    }
+
+    /// Behind a transaction pooler nothing is set on the session (see [`Self::begin`]), and
+    /// no statement is kept prepared: a server connection other than the one a statement was
+    /// prepared on may run the next transaction.
     async fn configure(
         &mut self,
         conn: &mut Self::Conn,
         timeout: Duration,
     ) -> diesel::QueryResult<()> {
+        if self.pooler {
+            use diesel_async::AsyncConnection;
+            conn.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
+            return Ok(());
+        }
         conn.batch_execute(&session_sql(
             timeout,
             self.synchronous_commit,
             self.name_session,
         ))
         .await
+    }
+
+    fn per_transaction(&self) -> bool {
+        self.pooler
+    }
+
+    /// `BEGIN` and the session's settings as `SET LOCAL`, in one round trip.
+    async fn begin(&mut self, conn: &mut Self::Conn, timeout: Duration) -> diesel::QueryResult<()> {
+        conn.batch_execute(&local_sql(timeout, self.synchronous_commit))
+            .await
+    }
+
+    async fn commit(conn: &mut Self::Conn) -> diesel::QueryResult<()> {
+        conn.batch_execute("COMMIT").await
     }
 
     async fn heartbeat(
@@ -111,6 +158,18 @@ impl Connector for PgConnector {
         lease: Duration,
         health: &RelayHealth,
     ) -> diesel::QueryResult<Option<RelayIdInUse>> {
+        // Behind a transaction pooler a server session is no relay's: none is recorded, and
+        // the lease is the only rule.
+        let untracked;
+        let health = if self.pooler && health.track_session {
+            untracked = RelayHealth {
+                track_session: false,
+                ..health.clone()
+            };
+            &untracked
+        } else {
+            health
+        };
         match sessions::heartbeat(conn, relay, lease, health, self.session.as_ref()).await? {
             sessions::Beat::Ours(session) => {
                 self.session = Some(session);
@@ -263,6 +322,7 @@ impl PgRelayStore {
                     session: None,
                     synchronous_commit: false,
                     name_session,
+                    pooler: false,
                 },
             ),
             listener: None,
@@ -337,17 +397,52 @@ impl PgRelayStore {
         self
     }
 
-    /// Whether to `LISTEN` for writers' notifications (default `true`); without it the relay
-    /// polls at its poll interval.
+    /// Whether the store's connections go through a pooler in transaction mode, such as
+    /// PgBouncer's `pool_mode = transaction` (default `false`). A server connection then
+    /// serves one transaction of a client at a time, so the store:
+    /// - runs each unit of work (a claim, a mark, a rebalance, …) in a transaction of its
+    ///   own and gives its settings (`statement_timeout`, `synchronous_commit`, …) as
+    ///   `SET LOCAL` inside it: nothing it sets stays on a server connection that the
+    ///   application's writers get next;
+    /// - keeps no statement prepared across transactions (PgBouncer before 1.21 does not
+    ///   track prepared statements);
+    /// - does not `LISTEN` (a notification goes to whichever client holds the server
+    ///   connection): it polls at the relay's poll interval;
+    /// - records no session for its relay id (a server session is no relay's): the lease is
+    ///   the only rule, as with [`RelayConfig::session_check`] off, so a dead relay's work is
+    ///   taken over when its leases run out, not within a second.
+    ///
+    /// Each unit of work costs two round trips more (`BEGIN` with the settings, `COMMIT`) and
+    /// each statement one more (prepared, then run).
+    ///
+    /// [`RelayConfig::session_check`]: outbox_core::relay::RelayConfig::session_check
+    ///
+    /// ```no_run
+    /// # use outbox_diesel::relay::PgRelayStore;
+    /// let store = PgRelayStore::new("postgres://relay@pgbouncer.internal:6432/app")
+    ///     .transaction_pooler(true);
+    /// ```
+    pub fn transaction_pooler(mut self, on: bool) -> Self {
+        self.base.connector.pooler = on;
+        if on {
+            self.listen = false;
+        }
+        self
+    }
+
+    /// Whether to `LISTEN` for writers' notifications (default `true`; never behind a
+    /// [transaction pooler](Self::transaction_pooler)); without it the relay polls at its
+    /// poll interval.
     pub fn listen(mut self, listen: bool) -> Self {
-        self.listen = listen;
+        self.listen = listen && !self.base.connector.pooler;
         self
     }
 
     /// Connects now (otherwise the first call does), so that a bad URL or an unreachable
     /// server is reported at start-up.
     pub async fn connect(&mut self) -> Result<(), StoreError> {
-        self.base.conn().await.map(|_| ())
+        self.base.conn().await?;
+        self.base.finish("connect").await
     }
 }
 

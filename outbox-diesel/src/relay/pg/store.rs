@@ -27,6 +27,7 @@ impl RelayStore for PgRelayStore {
         }
         let mut store = PgRelayStore::with_source(self.base.source().clone())
             .synchronous_commit(self.base.connector.synchronous_commit)
+            .transaction_pooler(self.base.connector.pooler)
             .listen(false)
             .settle_beside(false);
         store.base.timeout = self.base.timeout;
@@ -43,7 +44,7 @@ impl RelayStore for PgRelayStore {
         if !self.handed_over {
             let conn = self.base.guarded("claim", claim.lease).await?;
             let left = super::handover::left_behind(conn).await;
-            if let Some(left) = self.base.check("claim", left)? {
+            if let Some(left) = self.base.check("claim", left).await? {
                 return Err(StoreError::new("claim", left));
             }
             self.handed_over = true;
@@ -87,7 +88,8 @@ impl RelayStore for PgRelayStore {
         };
         let sorted = split_malformed(
             self.base
-                .check("claim", r)?
+                .check("claim", r)
+                .await?
                 .into_iter()
                 .map(Row::into_message),
         );
@@ -125,7 +127,7 @@ impl RelayStore for PgRelayStore {
         )
         .execute(conn)
         .await;
-        self.base.check("mark published", r).map(|n| n as u64)
+        self.base.check("mark published", r).await.map(|n| n as u64)
     }
 
     async fn fail(&mut self, relay: &str, failures: &[Failure]) -> Result<u64, StoreError> {
@@ -157,7 +159,10 @@ impl RelayStore for PgRelayStore {
         )
         .execute(conn)
         .await;
-        self.base.check("record failures", r).map(|n| n as u64)
+        self.base
+            .check("record failures", r)
+            .await
+            .map(|n| n as u64)
     }
 
     async fn release(&mut self, relay: &str, seqs: &[i64]) -> Result<u64, StoreError> {
@@ -173,7 +178,7 @@ impl RelayStore for PgRelayStore {
         )
         .execute(conn)
         .await;
-        self.base.check("release", r).map(|n| n as u64)
+        self.base.check("release", r).await.map(|n| n as u64)
     }
 
     async fn acquire_leadership(
@@ -191,6 +196,7 @@ impl RelayStore for PgRelayStore {
         .await;
         self.base
             .check("acquire leadership", r)
+            .await
             .map(|rows| !rows.is_empty())
     }
 
@@ -261,7 +267,7 @@ impl RelayStore for PgRelayStore {
             // Stream mode: rows read ahead of the shards given up are their next owner's now.
             self.stream.drop_ahead();
         }
-        self.base.check("rebalance shards", r)
+        self.base.check("rebalance shards", r).await
     }
 
     async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
@@ -270,7 +276,7 @@ impl RelayStore for PgRelayStore {
             return Ok(());
         };
         let r = run_each(conn, &RELEASE_ALL, relay).await;
-        self.base.check("release leases", r)
+        self.base.check("release leases", r).await
     }
 
     server_methods!(sessions);
@@ -282,9 +288,9 @@ impl RelayStore for PgRelayStore {
     async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         let q = cleanup_query(older_than, i64::try_from(limit).unwrap_or(i64::MAX));
         let r = q.execute(self.base.conn().await?).await;
-        let deleted = self.base.check("clean up", r)? as u64;
+        let deleted = self.base.check("clean up", r).await? as u64;
         let r = super::partition::rotate(self.base.conn().await?, older_than).await;
-        self.base.check("rotate partitions", r)?;
+        self.base.check("rotate partitions", r).await?;
         Ok(deleted)
     }
 

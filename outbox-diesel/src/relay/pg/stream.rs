@@ -709,7 +709,7 @@ impl PgRelayStore {
         if dead_letters_block && !self.no_lease_dead {
             let conn = self.base.guarded("claim", lease).await?;
             let dead = super::handover::lease_dead_letters(conn).await;
-            if let Some(dead) = self.base.check("claim", dead)? {
+            if let Some(dead) = self.base.check("claim", dead).await? {
                 return Err(StoreError::new("claim", dead));
             }
             self.no_lease_dead = true;
@@ -748,7 +748,7 @@ impl PgRelayStore {
             // a huge partition) would otherwise fail every claim, each second, for as long as
             // it lasts. The claim goes on (a database outage fails it next, as any claim);
             // the check waits STATS_RETRY, and the ring's layout stays as last read.
-            match self.base.check("analyse new partitions", r) {
+            match self.base.check("analyse new partitions", r).await {
                 Ok(row) => {
                     self.stream.ring = match (row.slots, row.slot_xids) {
                         (Some(slots), Some(slot_xids)) => Some(Ring { slots, slot_xids }),
@@ -927,7 +927,7 @@ impl PgRelayStore {
         )
         .load::<PositionRow>(conn)
         .await;
-        let mut positions = self.base.check("claim", r)?;
+        let mut positions = self.base.check("claim", r).await?;
         positions.retain(|p| !self.stream.holds.contains_key(&p.shard));
         if positions.is_empty() {
             return Ok(None);
@@ -968,7 +968,7 @@ impl PgRelayStore {
         )
         .load::<CandidateRow>(conn)
         .await;
-        let candidates = self.base.check("claim", r)?;
+        let candidates = self.base.check("claim", r).await?;
         let full = candidates.len() >= read;
 
         let mut offered = HashMap::new();
@@ -1046,7 +1046,7 @@ impl PgRelayStore {
         )
         .load::<CandidateRow>(conn)
         .await;
-        let candidates = self.base.check("claim dead letters to release", r)?;
+        let candidates = self.base.check("claim dead letters to release", r).await?;
         let mut rows = Vec::new();
         let mut messages = Vec::new();
         let mut outcomes = HashMap::new();
@@ -1255,7 +1255,7 @@ impl PgRelayStore {
         )
         .get_result::<CountRow>(conn)
         .await;
-        let written = self.base.check("advance stream positions", r)?.n as usize;
+        let written = self.base.check("advance stream positions", r).await?.n as usize;
         if written < next.len() {
             tracing::warn!(
                 fenced = next.len() - written,
@@ -1369,7 +1369,7 @@ impl PgRelayStore {
         )
         .get_result::<CountRow>(conn)
         .await;
-        let written = self.base.check("settle released dead letters", r)?.n as usize;
+        let written = self.base.check("settle released dead letters", r).await?.n as usize;
         if written < expected {
             tracing::warn!(
                 fenced = expected - written,

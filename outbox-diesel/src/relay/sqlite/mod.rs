@@ -168,6 +168,6 @@ impl SqliteRelayStore {
     ) -> Result<T, StoreError> {
         let conn = self.base.conn().await?;
         let r = conn.spawn_blocking(f).await;
-        self.base.check(op, r)
+        self.base.check(op, r).await
     }
 }
