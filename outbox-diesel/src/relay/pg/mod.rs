@@ -413,7 +413,9 @@ impl PgRelayStore {
     ///   taken over when its leases run out, not within a second.
     ///
     /// Each unit of work costs two round trips more (`BEGIN` with the settings, `COMMIT`) and
-    /// each statement one more (prepared, then run).
+    /// each statement one more (prepared, then run). The store opens its connections with
+    /// [`connect::postgres_pooled`](crate::connect::postgres_pooled); a connection factory
+    /// ([`from_connect`](Self::from_connect)) should too.
     ///
     /// [`RelayConfig::session_check`]: outbox_core::relay::RelayConfig::session_check
     ///
