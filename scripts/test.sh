@@ -28,8 +28,9 @@ apt_install() {
 
 # --- build dependencies: a C toolchain, libpq, the MariaDB/MySQL client library -------------
 apt_install gcc make pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat
-# PgBouncer: the relay tests start private instances in transaction mode.
-apt_install pgbouncer
+# PgBouncer: the relay tests start private instances in transaction mode. openssl: the TLS
+# tests make an RSA client key with it.
+apt_install pgbouncer openssl
 # cargo-nextest runs the tests (see below); installed from crates.io where it is missing.
 if ! cargo nextest --version >/dev/null 2>&1; then
   log "installing cargo-nextest"

@@ -24,7 +24,7 @@ pub(crate) struct Pki {
     dir: tempfile::TempDir,
     pub server_cert: String,
     pub server_key: String,
-    ca: String,
+    pub ca: String,
 }
 
 impl Pki {
@@ -48,6 +48,41 @@ impl Pki {
         write("other-ca.pem", &other);
         write("client.crt", &client.pem());
         write("client.key", &client_key.serialize_pem());
+        // An RSA client certificate (the MySQL driver takes RSA keys only), its key as
+        // PKCS#8 and as PKCS#1, made by the openssl command.
+        let rsa_key = dir.path().join("client-rsa.key");
+        let ok = Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-out",
+            ])
+            .arg(&rsa_key)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl runs");
+        assert!(ok.success(), "openssl genpkey");
+        let ok = Command::new("openssl")
+            .args(["rsa", "-traditional", "-in"])
+            .arg(&rsa_key)
+            .arg("-out")
+            .arg(dir.path().join("client-rsa-pkcs1.key"))
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl runs");
+        assert!(ok.success(), "openssl rsa -traditional");
+        let rsa = KeyPair::from_pem(&std::fs::read_to_string(&rsa_key).unwrap()).unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "certified");
+        write(
+            "client-rsa.crt",
+            &params.signed_by(&rsa, &ca).unwrap().pem(),
+        );
         Pki {
             server_cert: server.pem(),
             server_key: server_key.serialize_pem(),

@@ -26,7 +26,8 @@ struct PrivateMariadb {
 }
 
 impl PrivateMariadb {
-    fn start(cert_pem: &str, key_pem: &str) -> PrivateMariadb {
+    /// TLS with `cert_pem`/`key_pem`; client certificates are checked against `ca_pem`.
+    fn start(cert_pem: &str, key_pem: &str, ca_pem: &str) -> PrivateMariadb {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("outbox-tls-mariadb-{}-{port}", std::process::id()));
@@ -34,6 +35,7 @@ impl PrivateMariadb {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("server.crt"), cert_pem).unwrap();
         std::fs::write(dir.join("server.key"), key_pem).unwrap();
+        std::fs::write(dir.join("ca.pem"), ca_pem).unwrap();
         // The server drops to the `mysql` user when started as root.
         let _ = Command::new("chown")
             .args(["-R", "mysql:mysql"])
@@ -62,6 +64,7 @@ impl PrivateMariadb {
             .arg("--user=mysql")
             .arg(format!("--ssl-cert={}", dir.join("server.crt").display()))
             .arg(format!("--ssl-key={}", dir.join("server.key").display()))
+            .arg(format!("--ssl-ca={}", dir.join("ca.pem").display()))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -119,7 +122,7 @@ fn outbox(args: &[&str]) -> std::process::Output {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_mysql_verify_identity_on_a_private_mariadb() {
     let pki = Pki::new();
-    let db = PrivateMariadb::start(&pki.server_cert, &pki.server_key);
+    let db = PrivateMariadb::start(&pki.server_cert, &pki.server_key, &pki.ca);
     let port = db.port;
     let ca = pki.path("ca.pem");
     let identity = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}");
@@ -132,6 +135,8 @@ async fn tls_mysql_verify_identity_on_a_private_mariadb() {
     for sql in [
         "CREATE USER app IDENTIFIED BY 'sekret'",
         "GRANT ALL ON *.* TO app",
+        "CREATE USER certified IDENTIFIED BY 'sekret' REQUIRE X509",
+        "GRANT SELECT ON *.* TO certified",
     ] {
         diesel::sql_query(sql).execute(&mut root).await.unwrap();
     }
@@ -185,6 +190,48 @@ async fn tls_mysql_verify_identity_on_a_private_mariadb() {
         format!(
             "cannot connect to 127.0.0.1:{port}: TLS: certificate not valid for name \"127.0.0.1\""
         )
+    );
+    // A user created REQUIRE X509: refused without a client certificate, let in with the
+    // one the CA signed (its key as PKCS#8 or PKCS#1); half a pair, or a key the driver
+    // cannot use, is refused naming the parameter.
+    let certified = |params: &str| {
+        format!(
+            "mysql://certified:sekret@localhost:{port}/mysql?prefer_socket=false&{identity}{params}"
+        )
+    };
+    let e = refused(certified("")).await;
+    assert!(
+        e.starts_with(&format!("cannot connect to localhost:{port}: ")),
+        "{e}"
+    );
+    for key in ["client-rsa.key", "client-rsa-pkcs1.key"] {
+        let client = format!(
+            "&ssl-cert={}&ssl-key={}",
+            pki.path("client-rsa.crt"),
+            pki.path(key)
+        );
+        let mut conn = outbox::connect::mysql(&certified(&client))
+            .await
+            .unwrap_or_else(|e| panic!("the client certificate with {key} is accepted: {e}"));
+        assert!(!cipher(&mut conn).await.is_empty());
+    }
+    assert_eq!(
+        refused(certified(&format!(
+            "&ssl-cert={}",
+            pki.path("client-rsa.crt")
+        )))
+        .await,
+        "unusable database URL: ssl-cert is given without ssl-key (the client certificate's key)"
+    );
+    let ec = refused(certified(&format!(
+        "&ssl-cert={}&ssl-key={}",
+        pki.path("client.crt"),
+        pki.path("client.key")
+    )))
+    .await;
+    assert!(
+        ec.starts_with("cannot use ssl-key") && ec.contains("not an RSA key"),
+        "{ec}"
     );
     // The CLI and a relay.
     let app = on("localhost", "app", &identity);

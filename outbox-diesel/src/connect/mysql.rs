@@ -23,6 +23,8 @@ struct MysqlUrl {
     server: String,
     mode: SslMode,
     ca: Option<std::path::PathBuf>,
+    /// The client certificate (chain) and its key, PEM files.
+    identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl MysqlUrl {
@@ -31,6 +33,8 @@ impl MysqlUrl {
         let mut kept = Vec::new();
         let mut mode = None;
         let mut ca = None;
+        let (mut cert, mut key) = (None, None);
+        let path = |v: &str| std::path::PathBuf::from(super::url::decode(v).into_owned());
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
@@ -49,9 +53,9 @@ impl MysqlUrl {
                         }
                     })
                 }
-                "ssl-ca" | "ssl_ca" => {
-                    ca = Some(std::path::PathBuf::from(super::url::decode(v).into_owned()))
-                }
+                "ssl-ca" | "ssl_ca" => ca = Some(path(v)),
+                "ssl-cert" | "ssl_cert" => cert = Some(path(v)),
+                "ssl-key" | "ssl_key" => key = Some(path(v)),
                 _ => kept.push(pair),
             }
         }
@@ -71,6 +75,25 @@ impl MysqlUrl {
                     .to_owned(),
             ));
         }
+        let identity = match (cert, key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(ConnectError::Url(
+                    "ssl-cert is given without ssl-key (the client certificate's key)".to_owned(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ConnectError::Url(
+                    "ssl-key is given without ssl-cert (the client certificate)".to_owned(),
+                ));
+            }
+        };
+        if identity.is_some() && mode == SslMode::Disabled {
+            return Err(ConnectError::Url(
+                "ssl-cert and ssl-key need TLS, which ssl-mode=DISABLED turns off".to_owned(),
+            ));
+        }
         let url = if kept.is_empty() {
             base.to_owned()
         } else {
@@ -81,6 +104,7 @@ impl MysqlUrl {
             url,
             mode,
             ca,
+            identity,
         })
     }
 }
@@ -91,7 +115,9 @@ impl MysqlUrl {
 /// without it `VERIFY_IDENTITY` trusts the Mozilla roots). `REQUIRED` and `PREFERRED` encrypt
 /// without verifying; `PREFERRED` falls back to plain when the server has no TLS. Without
 /// `ssl-mode` the session is plain, as diesel-async's own `establish`, unless `ssl-ca` is
-/// given (then `VERIFY_IDENTITY`). Errors are one line naming the server, never the password.
+/// given (then `VERIFY_IDENTITY`). `ssl-cert` and `ssl-key` (PEM files, given together) are a
+/// client certificate and its RSA key (PKCS#1 or PKCS#8), for a user created `REQUIRE X509`.
+/// Errors are one line naming the server, never the password.
 pub async fn mysql(url: &str) -> Result<AsyncMysqlConnection, ConnectError> {
     let url = MysqlUrl::parse(url)?;
     open(&url).await
@@ -119,6 +145,12 @@ async fn open(url: &MysqlUrl) -> Result<AsyncMysqlConnection, ConnectError> {
                 .with_root_certs(url.ca.iter().map(|p| p.clone().into()).collect()),
         ),
     };
+    let ssl = match (ssl, &url.identity) {
+        (Some(ssl), Some((cert, key))) => Some(ssl.with_client_identity(Some(
+            mysql_async::ClientIdentity::new(cert.clone().into(), rsa_key(key)?.into()),
+        ))),
+        (ssl, _) => ssl,
+    };
     let conn = match mysql_async::Conn::new(builder.clone().ssl_opts(ssl)).await {
         // PREFERRED: plain when the server offers no TLS.
         Err(mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer))
@@ -132,6 +164,73 @@ async fn open(url: &MysqlUrl) -> Result<AsyncMysqlConnection, ConnectError> {
     AsyncMysqlConnection::try_from(conn)
         .await
         .map_err(|e| connect_error(url, &e))
+}
+
+/// The client key at `path` as the PKCS#1 DER the driver reads (its rustls support takes an
+/// RSA key in that form only): from a PEM file holding a PKCS#1 (`RSA PRIVATE KEY`) or PKCS#8
+/// (`PRIVATE KEY`) RSA key. Any other key is refused naming the file.
+#[cfg(feature = "mysql_tls")]
+fn rsa_key(path: &std::path::Path) -> Result<Vec<u8>, ConnectError> {
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject;
+
+    let refuse = |reason: String| ConnectError::File {
+        param: "ssl-key",
+        path: path.to_owned(),
+        reason,
+    };
+    match PrivateKeyDer::from_pem_file(path).map_err(|e| refuse(e.to_string()))? {
+        PrivateKeyDer::Pkcs1(key) => Ok(key.secret_pkcs1_der().to_vec()),
+        PrivateKeyDer::Pkcs8(key) => pkcs1_of_pkcs8(key.secret_pkcs8_der()).ok_or_else(|| {
+            refuse("not an RSA key (the MySQL driver takes RSA client keys only)".to_owned())
+        }),
+        _ => Err(refuse(
+            "not an RSA key (the MySQL driver takes RSA client keys only)".to_owned(),
+        )),
+    }
+}
+
+/// The PKCS#1 `RSAPrivateKey` inside a PKCS#8 `PrivateKeyInfo` (RFC 5208: a SEQUENCE of the
+/// version, the algorithm and the key as an OCTET STRING), if its algorithm is
+/// `rsaEncryption`.
+#[cfg(any(feature = "mysql_tls", test))]
+fn pkcs1_of_pkcs8(der: &[u8]) -> Option<Vec<u8>> {
+    /// One DER element: its tag, its contents and what follows it.
+    fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+        let (&tag, rest) = input.split_first()?;
+        let (&first, rest) = rest.split_first()?;
+        let (len, rest) = if first < 0x80 {
+            (usize::from(first), rest)
+        } else {
+            let n = usize::from(first & 0x7f);
+            if n == 0 || n > 4 || rest.len() < n {
+                return None;
+            }
+            let len = rest[..n]
+                .iter()
+                .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+            (len, &rest[n..])
+        };
+        (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+    }
+    /// The OID 1.2.840.113549.1.1.1, `rsaEncryption`, encoded.
+    const RSA_ENCRYPTION: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01];
+    let (0x30, info, _) = element(der)? else {
+        return None;
+    };
+    let (0x02, _version, rest) = element(info)? else {
+        return None;
+    };
+    let (0x30, algorithm, rest) = element(rest)? else {
+        return None;
+    };
+    let (0x06, oid, _) = element(algorithm)? else {
+        return None;
+    };
+    let (0x04, key, _) = element(rest)? else {
+        return None;
+    };
+    (oid == RSA_ENCRYPTION).then(|| key.to_vec())
 }
 
 #[cfg(feature = "mysql_tls")]
@@ -157,9 +256,10 @@ fn connect_error(url: &MysqlUrl, e: &(dyn std::error::Error + 'static)) -> Conne
 async fn open(url: &MysqlUrl) -> Result<AsyncMysqlConnection, ConnectError> {
     use diesel_async::AsyncConnection;
 
-    if url.mode >= SslMode::Required {
+    if url.mode >= SslMode::Required || url.identity.is_some() {
         return Err(ConnectError::Url(
-            "this ssl-mode needs TLS, and this build has none (outbox-diesel's feature `mysql_tls`)"
+            "this ssl-mode (or ssl-cert) needs TLS, and this build has none (outbox-diesel's \
+             feature `mysql_tls`)"
                 .to_owned(),
         ));
     }
@@ -174,6 +274,66 @@ async fn open(url: &MysqlUrl) -> Result<AsyncMysqlConnection, ConnectError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_certificate_needs_its_key_and_tls() {
+        let u =
+            MysqlUrl::parse("mysql://db/app?ssl-mode=REQUIRED&ssl-cert=%2Fc.pem&ssl-key=%2Fk.pem")
+                .unwrap();
+        assert_eq!(u.url, "mysql://db/app");
+        assert_eq!(
+            u.identity,
+            Some(("/c.pem".into(), "/k.pem".into())),
+            "both files, decoded"
+        );
+        for (url, said) in [
+            (
+                "mysql://db/app?ssl-mode=REQUIRED&ssl-cert=/c.pem",
+                "ssl-cert is given without ssl-key",
+            ),
+            (
+                "mysql://db/app?ssl-mode=REQUIRED&ssl-key=/k.pem",
+                "ssl-key is given without ssl-cert",
+            ),
+            (
+                "mysql://db/app?ssl-cert=/c.pem&ssl-key=/k.pem",
+                "ssl-mode=DISABLED",
+            ),
+        ] {
+            let e = MysqlUrl::parse(url).unwrap_err().to_string();
+            assert!(e.contains(said), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_rsa_key_inside_pkcs8_is_found_and_others_are_not() {
+        // A PKCS#8 wrapping of a (short, made-up) RSAPrivateKey, and the same with the
+        // id-ecPublicKey OID in its place.
+        let inner = [0x30, 0x03, 0x02, 0x01, 0x00];
+        let rsa_alg = [
+            0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01, 0x05,
+            0x00,
+        ];
+        let wrap = |alg: &[u8]| {
+            let mut body = vec![0x02, 0x01, 0x00];
+            body.extend_from_slice(alg);
+            body.push(0x04);
+            body.push(inner.len() as u8);
+            body.extend_from_slice(&inner);
+            let mut der = vec![0x30, body.len() as u8];
+            der.extend(body);
+            der
+        };
+        assert_eq!(pkcs1_of_pkcs8(&wrap(&rsa_alg)), Some(inner.to_vec()));
+        let ec_alg = [
+            0x30, 0x09, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01,
+        ];
+        assert_eq!(pkcs1_of_pkcs8(&wrap(&ec_alg)), None);
+        let whole = wrap(&rsa_alg);
+        for cut in 0..whole.len() {
+            assert_eq!(pkcs1_of_pkcs8(&whole[..cut]), None, "cut at {cut}");
+        }
+    }
 
     #[test]
     fn ssl_parameters_are_taken_out() {
