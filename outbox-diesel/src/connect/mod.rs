@@ -14,7 +14,8 @@
 //! | `sslrootcert=<file>` | the trusted roots (PEM); `system` for the platform's (implies `verify-full`) |
 //! | `sslcert=<file>`, `sslkey=<file>` | a client certificate and its key (PEM) |
 //!
-//! As in libpq, `~/.postgresql/root.crt` is the default root file and
+//! As in libpq, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY` give the parameters
+//! the URL leaves out, `~/.postgresql/root.crt` is the default root file and
 //! `~/.postgresql/postgresql.{crt,key}` the default client certificate, each used when it
 //! exists. TLS is rustls on the `ring` provider (feature `tls`); without that feature a URL
 //! that requires TLS is refused, and `prefer`/`allow` connect in plain text.

@@ -1,7 +1,5 @@
 //! [`postgres`]: an `AsyncPgConnection` from a URL, with TLS as libpq's parameters ask.
 
-use std::path::PathBuf;
-
 use diesel_async::AsyncPgConnection;
 
 use super::ConnectError;
@@ -24,8 +22,7 @@ use super::pg_url::{PgUrl, SslMode};
 /// # Ok(()) }
 /// ```
 pub async fn postgres(url: &str) -> Result<AsyncPgConnection, ConnectError> {
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    let url = PgUrl::parse(url, home)?;
+    let url = PgUrl::from_env(url)?;
     open(&url, false).await
 }
 
@@ -45,8 +42,7 @@ pub async fn postgres(url: &str) -> Result<AsyncPgConnection, ConnectError> {
 /// ```
 #[cfg(feature = "relay")]
 pub async fn postgres_pooled(url: &str) -> Result<AsyncPgConnection, ConnectError> {
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    let url = PgUrl::parse(url, home)?;
+    let url = PgUrl::from_env(url)?;
     open(&url, true).await
 }
 

@@ -46,9 +46,37 @@ pub(crate) struct PgUrl {
 /// The parameters taken out of the URL.
 const TLS_PARAMS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 
+/// libpq's environment variables for the TLS parameters, read where the URL does not give the
+/// parameter.
+const TLS_ENV: [(&str, &str); 4] = [
+    ("sslmode", "PGSSLMODE"),
+    ("sslrootcert", "PGSSLROOTCERT"),
+    ("sslcert", "PGSSLCERT"),
+    ("sslkey", "PGSSLKEY"),
+];
+
 impl PgUrl {
+    /// Reads `url` as libpq would in this process: `home` is where its default files
+    /// (`.postgresql/…`) are looked for, and the TLS parameters the URL does not give come
+    /// from `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY`.
+    pub fn from_env(url: &str) -> Result<PgUrl, ConnectError> {
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        Self::parse_with(url, home, &|name| std::env::var(name).ok())
+    }
+
     /// Reads `url`; `home` is where libpq's default files (`.postgresql/…`) are looked for.
+    #[cfg(test)]
     pub fn parse(url: &str, home: Option<PathBuf>) -> Result<PgUrl, ConnectError> {
+        Self::parse_with(url, home, &|_| None)
+    }
+
+    /// Reads `url`; `home` is where libpq's default files are looked for, `env` gives the
+    /// environment's value of a variable.
+    fn parse_with(
+        url: &str,
+        home: Option<PathBuf>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<PgUrl, ConnectError> {
         let (base, query) = match url.split_once('?') {
             Some((base, query)) => (base, query),
             None => (url, ""),
@@ -71,6 +99,23 @@ impl PgUrl {
                 "sslrootcert" => rootcert = Some(v),
                 "sslcert" => cert = Some(PathBuf::from(v)),
                 _ => key = Some(PathBuf::from(v)),
+            }
+        }
+        for (param, var) in TLS_ENV {
+            let Some(v) = env(var).filter(|v| !v.is_empty()) else {
+                continue;
+            };
+            match param {
+                "sslmode" if mode.is_none() => {
+                    mode = Some(parse_mode(&v).map_err(|e| match e {
+                        ConnectError::Url(msg) => ConnectError::Url(format!("{var}: {msg}")),
+                        other => other,
+                    })?)
+                }
+                "sslrootcert" if rootcert.is_none() => rootcert = Some(v),
+                "sslcert" if cert.is_none() => cert = Some(PathBuf::from(v)),
+                "sslkey" if key.is_none() => key = Some(PathBuf::from(v)),
+                _ => {}
             }
         }
         let dot_pg = home.map(|h| h.join(".postgresql"));
@@ -165,6 +210,40 @@ mod tests {
 
     fn parse(url: &str) -> PgUrl {
         PgUrl::parse(url, None).expect("parses")
+    }
+
+    #[test]
+    fn the_environment_gives_what_the_url_does_not() {
+        let env = |name: &str| match name {
+            "PGSSLMODE" => Some("verify-full".to_owned()),
+            "PGSSLROOTCERT" => Some("/env/ca.pem".to_owned()),
+            "PGSSLCERT" => Some("/env/c.crt".to_owned()),
+            "PGSSLKEY" => Some("/env/c.key".to_owned()),
+            _ => None,
+        };
+        let u = PgUrl::parse_with("postgres://db/app", None, &env).unwrap();
+        assert_eq!(u.mode, SslMode::VerifyFull);
+        assert_eq!(u.roots, Roots::File("/env/ca.pem".into()));
+        assert_eq!(
+            u.client_cert,
+            Some(("/env/c.crt".into(), "/env/c.key".into()))
+        );
+        // The URL's own parameters win.
+        let u = PgUrl::parse_with(
+            "postgres://db/app?sslmode=require&sslrootcert=%2Furl%2Fca.pem",
+            None,
+            &env,
+        )
+        .unwrap();
+        assert_eq!(
+            (u.mode, u.roots),
+            (SslMode::VerifyCa, Roots::File("/url/ca.pem".into()))
+        );
+        let bad = |name: &str| (name == "PGSSLMODE").then(|| "strict".to_owned());
+        let e = PgUrl::parse_with("postgres://db/app", None, &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("PGSSLMODE") && e.contains("strict"), "{e}");
     }
 
     #[test]
