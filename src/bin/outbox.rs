@@ -296,19 +296,32 @@ struct Version {
 
 /// Fails with a clear instruction when the outbox tables are missing or not up to date.
 async fn check_migrated(url: &str) -> Result<(), Fatal> {
-    use diesel_async::RunQueryDsl;
+    check_migrated_on(url, false).await
+}
+
+/// [`check_migrated`]; `pooled`: through a pooler in transaction mode, where the connection is
+/// opened for it and the check runs in a transaction (nothing prepared is left on a server
+/// connection).
+async fn check_migrated_on(url: &str, pooled: bool) -> Result<(), Fatal> {
+    use diesel_async::{AsyncConnection, RunQueryDsl};
     let (backend, url) = backend_of(url)?;
     let sql = "SELECT version FROM __diesel_schema_migrations";
     let (found, wanted): (Result<Vec<Version>, _>, Vec<&str>) = match backend {
         Backend::Postgres => {
-            let mut c = outbox::connect::postgres(&url)
-                .await
-                .map_err(|e| Fatal(e.to_string()))?;
+            let mut c = if pooled {
+                outbox::connect::postgres_pooled(&url).await
+            } else {
+                outbox::connect::postgres(&url).await
+            }
+            .map_err(|e| Fatal(e.to_string()))?;
             let wanted = outbox::migrations::list::<diesel::pg::Pg>()
                 .iter()
                 .map(|m| m.version)
                 .collect();
-            (diesel::sql_query(sql).load(&mut c).await, wanted)
+            let found = c
+                .transaction(async |c| diesel::sql_query(sql).load(c).await)
+                .await;
+            (found, wanted)
         }
         Backend::Mysql => {
             let mut c = outbox::connect::mysql(&url)
@@ -395,7 +408,7 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
             args.message_timeout
         )));
     }
-    check_migrated(&args.database_url).await?;
+    check_migrated_on(&args.database_url, args.transaction_pooler).await?;
     publisher
         .check_reachable(Duration::from_secs(10))
         .await

@@ -5,6 +5,8 @@
 //! Run with `cargo test --all-features --test e2e`.
 #![allow(missing_docs)]
 
+#[path = "../integration/pgbouncer.rs"]
+mod pgbouncer;
 #[path = "../integration/private_postgres.rs"]
 mod private_postgres;
 #[path = "../integration/support.rs"]
@@ -17,6 +19,7 @@ mod holds;
 mod inputs;
 mod metrics;
 mod ops;
+mod pooler;
 mod scenarios;
 mod secrets;
 mod takeover;

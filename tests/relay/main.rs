@@ -4,6 +4,9 @@
 //! Run with `cargo test --all-features --test relay`.
 #![allow(missing_docs)]
 
+#[cfg(feature = "postgres")]
+#[path = "../integration/pgbouncer.rs"]
+mod pgbouncer;
 #[path = "../integration/support.rs"]
 mod support;
 
@@ -21,7 +24,7 @@ mod text_ids;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
-mod pgbouncer;
+mod pooler;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
