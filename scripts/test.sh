@@ -26,8 +26,12 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-# --- build dependencies: a C toolchain, libpq, the MariaDB/MySQL client library -------------
-apt_install gcc make pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat
+# --- build dependencies: a C toolchain, libpq, the MariaDB/MySQL client library, OpenSSL ----
+# (librdkafka's TLS and SASL SCRAM link the system's OpenSSL).
+apt_install gcc make pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat libssl-dev
+# The Kafka TLS tests (tests/e2e/kafka_tls.rs): stunnel terminates TLS in front of a private
+# tansu broker; the openssl command encrypts their client key.
+apt_install stunnel4 openssl
 # cargo-nextest runs the tests (see below); installed from crates.io where it is missing.
 if ! cargo nextest --version >/dev/null 2>&1; then
   log "installing cargo-nextest"
