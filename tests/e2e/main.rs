@@ -15,6 +15,7 @@ mod faults;
 mod harness;
 mod holds;
 mod inputs;
+mod kafka_tls;
 mod metrics;
 mod ops;
 mod scenarios;
