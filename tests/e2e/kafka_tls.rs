@@ -11,7 +11,13 @@
 //!   nothing dead-lettered), and delivery resumes once the broker's certificate is right again;
 //! - SASL_SSL with SCRAM-SHA-512 against tansu with `--authentication`: the build speaks it
 //!   (no "not supported in this build"), and a refused login stops the relay in one line and is
-//!   an outage for the publisher. No secret is ever printed.
+//!   an outage for the publisher (tansu keeps its users in its storage, memory only in the
+//!   wheel the tests use, and creates them only for an authenticated client: no login can
+//!   succeed there);
+//! - SASL_PLAINTEXT with PLAIN against the shared noida-db, which takes any credentials: the
+//!   relay logs in and publishes, a consumer reads back.
+//!
+//! No secret is ever printed.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -313,8 +319,8 @@ const PENDING: &str = "published_at IS NULL AND dead_at IS NULL";
 /// the claims (a claim counts an attempt; one given back after an outage is uncounted).
 const UNEXPECTED: &str = "dead_at IS NOT NULL OR attempts <> 1";
 
-/// Waits until nothing is pending, or fails after 60 s with the relay's log.
-fn wait_published(url: &str, log: &Path, kafka: &TlsKafka) {
+/// Waits until nothing is pending, or fails after 60 s with the relay's log and `more()`.
+fn wait_published(url: &str, log: &Path, more: &dyn Fn() -> String) {
     let start = Instant::now();
     while count(url, PENDING) > 0 {
         assert!(
@@ -322,7 +328,7 @@ fn wait_published(url: &str, log: &Path, kafka: &TlsKafka) {
             "{} events still pending; relay log:\n{}\n{}",
             count(url, PENDING),
             std::fs::read_to_string(log).unwrap_or_default(),
-            kafka.logs()
+            more()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -366,9 +372,9 @@ fn kafka_mutual_tls_relay_publishes_and_a_consumer_reads_back() {
         &log,
         "kafka-mtls",
     );
-    wait_published(&db.url, &log, &kafka);
+    wait_published(&db.url, &log, &|| kafka.logs());
     write_orders(&db.url, 5..8);
-    wait_published(&db.url, &log, &kafka);
+    wait_published(&db.url, &log, &|| kafka.logs());
 
     let messages = consume_with(
         &kafka.address(),
@@ -457,7 +463,7 @@ fn kafka_tls_untrusted_broker_certificate_is_an_outage_named_in_one_line() {
     let log = pki.dir.path().join("relay.log");
     let id = "kafka-tls-swap";
     let mut child = relay(&db.url, &kafka.address(), &prefix, &right, &log, id);
-    wait_published(&db.url, &log, &kafka);
+    wait_published(&db.url, &log, &|| kafka.logs());
     kafka.serve(&pki, ServerCert::Rogue);
     write_orders(&db.url, 2..4);
     let start = Instant::now();
@@ -485,7 +491,7 @@ fn kafka_tls_untrusted_broker_certificate_is_an_outage_named_in_one_line() {
         "an outage dead-letters nothing (--max-attempts 1)"
     );
     kafka.serve(&pki, ServerCert::Trusted);
-    wait_published(&db.url, &log, &kafka);
+    wait_published(&db.url, &log, &|| kafka.logs());
     let _ = child.kill();
     let _ = child.wait();
     let relay_log = std::fs::read_to_string(&log).unwrap();
@@ -585,4 +591,53 @@ fn kafka_sasl_ssl_scram_refused_login_is_an_outage_without_the_password() {
         "a refused login is an outage, named: {outcomes:?}"
     );
     assert_no_secret("the outcome", &format!("{outcomes:?}"));
+}
+
+/// SASL_PLAINTEXT with PLAIN against noida-db (the shared broker: it speaks SASL PLAIN and,
+/// having no users, takes any credentials): the relay logs in and publishes, and a consumer
+/// logged in the same way reads the events back. The password is in no output.
+#[test]
+fn kafka_sasl_plain_relay_publishes_and_a_consumer_reads_back() {
+    let dir = tempfile::Builder::new()
+        .prefix("outbox-e2e-kafka-sasl-")
+        .tempdir()
+        .unwrap();
+    let db = TestDatabase::sqlite("kafka_sasl_plain");
+    write_orders(&db.url, 0..3);
+    let sasl = [
+        ("security.protocol", "SASL_PLAINTEXT"),
+        ("sasl.mechanisms", "PLAIN"),
+        ("sasl.username", "outbox-relay"),
+        ("sasl.password", SASL_PASSWORD),
+    ];
+    let config = config_file(dir.path(), &sasl);
+    let log = dir.path().join("relay.log");
+    let prefix = unique_prefix("kafkasaslplain");
+    let brokers = crate::harness::noida();
+    let mut child = relay(
+        &db.url,
+        &brokers,
+        &prefix,
+        &config,
+        &log,
+        "kafka-sasl-plain",
+    );
+    wait_published(&db.url, &log, &String::new);
+    let messages = consume_with(
+        &brokers,
+        &sasl,
+        &format!("{prefix}order"),
+        3,
+        Duration::from_secs(60),
+    );
+    let status = outbox_ok(&["status", "--database-url", &db.url]);
+    let _ = child.kill();
+    let _ = child.wait();
+    let relay_log = std::fs::read_to_string(&log).unwrap();
+    let mut keys: Vec<i64> = messages.iter().map(|m| m.key.parse().unwrap()).collect();
+    keys.sort();
+    assert_eq!(keys, [0, 1, 2], "{relay_log}");
+    assert_eq!(count(&db.url, UNEXPECTED), 0);
+    assert_no_secret("the relay's log", &relay_log);
+    assert_no_secret("outbox status", &status);
 }
