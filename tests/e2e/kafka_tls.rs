@@ -28,7 +28,7 @@ use outbox::prelude::*;
 use rcgen::{CertificateParams, DnType, KeyPair};
 
 use crate::chaos::services::{free_port, tansu_bin, wait_port};
-use crate::harness::{consume_with, outbox_bin, outbox_ok, unique_prefix};
+use crate::harness::{RelayProcess, consume_with, outbox_bin, outbox_ok, unique_prefix};
 use crate::support::{Count, OrderCreated, TestDatabase, claimed};
 use crate::tls::ca;
 
@@ -250,9 +250,16 @@ fn config_file(dir: &Path, settings: &[(&str, &str)]) -> PathBuf {
 }
 
 /// `outbox relay` with the binary's default log filter (as a user runs it), its Kafka
-/// settings from `config`, logging to `log`.
-fn relay(db: &str, brokers: &str, prefix: &str, config: &Path, log: &Path, id: &str) -> Child {
-    Command::new(outbox_bin())
+/// settings from `config`, logging to `log`; killed on drop if still running.
+fn relay(
+    db: &str,
+    brokers: &str,
+    prefix: &str,
+    config: &Path,
+    log: &Path,
+    id: &str,
+) -> RelayProcess {
+    let child = Command::new(outbox_bin())
         .args(["relay", "--database-url", db, "--brokers", brokers])
         .args(["--relay-id", id, "--topic-prefix", prefix])
         .args(["--kafka-config-file", config.to_str().unwrap()])
@@ -265,7 +272,12 @@ fn relay(db: &str, brokers: &str, prefix: &str, config: &Path, log: &Path, id: &
         .stdout(Stdio::null())
         .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
         .spawn()
-        .expect("the outbox binary runs")
+        .expect("the outbox binary runs");
+    RelayProcess {
+        child,
+        log: log.to_owned(),
+        id: id.to_owned(),
+    }
 }
 
 /// Waits for `child` to exit (at most 60 s, its start-up check takes 10); returns its status.
@@ -384,8 +396,7 @@ fn kafka_mutual_tls_relay_publishes_and_a_consumer_reads_back() {
         Duration::from_secs(60),
     );
     let status = outbox_ok(&["status", "--database-url", &db.url]);
-    let _ = child.kill();
-    let _ = child.wait();
+    child.kill();
     let relay_log = std::fs::read_to_string(&log).unwrap();
     let mut keys: Vec<i64> = messages.iter().map(|m| m.key.parse().unwrap()).collect();
     keys.sort();
@@ -441,7 +452,7 @@ fn kafka_tls_untrusted_broker_certificate_is_an_outage_named_in_one_line() {
         &log,
         "kafka-wrong-ca",
     );
-    let status = exit_of(&mut child);
+    let status = exit_of(&mut child.child);
     let out = std::fs::read_to_string(&log).unwrap();
     eprintln!("the relay with the wrong CA ({status}):\n{out}");
     assert!(!status.success());
@@ -492,8 +503,7 @@ fn kafka_tls_untrusted_broker_certificate_is_an_outage_named_in_one_line() {
     );
     kafka.serve(&pki, ServerCert::Trusted);
     wait_published(&db.url, &log, &|| kafka.logs());
-    let _ = child.kill();
-    let _ = child.wait();
+    child.kill();
     let relay_log = std::fs::read_to_string(&log).unwrap();
     eprintln!("relay log:\n{relay_log}");
     assert!(
@@ -546,7 +556,7 @@ fn kafka_sasl_ssl_scram_refused_login_is_an_outage_without_the_password() {
         &log,
         "kafka-sasl",
     );
-    let status = exit_of(&mut child);
+    let status = exit_of(&mut child.child);
     let out = std::fs::read_to_string(&log).unwrap();
     eprintln!("the relay with refused SASL credentials ({status}):\n{out}");
     assert!(!status.success());
@@ -631,8 +641,7 @@ fn kafka_sasl_plain_relay_publishes_and_a_consumer_reads_back() {
         Duration::from_secs(60),
     );
     let status = outbox_ok(&["status", "--database-url", &db.url]);
-    let _ = child.kill();
-    let _ = child.wait();
+    child.kill();
     let relay_log = std::fs::read_to_string(&log).unwrap();
     let mut keys: Vec<i64> = messages.iter().map(|m| m.key.parse().unwrap()).collect();
     keys.sort();
