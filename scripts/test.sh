@@ -26,11 +26,13 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-# --- build dependencies: a C toolchain, libpq, the MariaDB/MySQL client library -------------
-apt_install gcc make pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat
-# PgBouncer: the relay tests start private instances in transaction mode. openssl: the TLS
-# tests make an RSA client key with it.
-apt_install pgbouncer openssl
+# --- build dependencies: a C toolchain, libpq, the MariaDB/MySQL client library, OpenSSL ----
+# (librdkafka's TLS and SASL SCRAM link the system's OpenSSL).
+apt_install gcc make pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat libssl-dev
+# For tests: PgBouncer (private instances in transaction mode); stunnel (TLS in front of a
+# private tansu broker); the openssl command (an encrypted Kafka client key, an RSA MySQL
+# client key).
+apt_install pgbouncer stunnel4 openssl
 # cargo-nextest runs the tests (see below); installed from crates.io where it is missing.
 if ! cargo nextest --version >/dev/null 2>&1; then
   log "installing cargo-nextest"

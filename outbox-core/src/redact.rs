@@ -180,14 +180,54 @@ fn value_len(s: &str) -> usize {
 }
 
 #[cfg(feature = "kafka")]
-/// `text` with each non-empty one of `values` replaced by [`REDACTED`]: for messages of other libraries (librdkafka's) that may quote a value.
+/// `text` with each non-empty one of `values` replaced by [`REDACTED`]: for messages of other
+/// libraries (librdkafka's) that may quote a value. A value shorter than
+/// [`WHOLE_BELOW`] characters is replaced only where it stands whole, not inside a longer word:
+/// a one-letter `sasl.username` must not turn "authentication" into "a***thentication"
+/// (librdkafka quotes or delimits the values it names); a longer one everywhere.
 pub(crate) fn scrub<'a>(text: &str, values: impl IntoIterator<Item = &'a str>) -> String {
     let mut out = text.to_owned();
     for v in values {
         if !v.is_empty() && out.contains(v) {
-            out = out.replace(v, REDACTED);
+            out = scrub_one(&out, v);
         }
     }
+    out
+}
+
+/// Values shorter than this (in characters) are hidden only where they stand whole.
+#[cfg(feature = "kafka")]
+const WHOLE_BELOW: usize = 8;
+
+/// [`scrub`] of one non-empty value.
+#[cfg(feature = "kafka")]
+fn scrub_one(text: &str, value: &str) -> String {
+    if value.chars().count() >= WHOLE_BELOW {
+        return text.replace(value, REDACTED);
+    }
+    let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    let (first, last) = (value.chars().next(), value.chars().next_back());
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(value) {
+        let before = rest[..i]
+            .chars()
+            .next_back()
+            .or_else(|| out.chars().next_back());
+        let after = rest[i + value.len()..].chars().next();
+        let inside = (word(before) && word(first)) || (word(after) && word(last));
+        if inside {
+            // Not this one: keep its first character and look again from the next.
+            let step = i + first.map_or(1, char::len_utf8);
+            out.push_str(&rest[..step]);
+            rest = &rest[step..];
+        } else {
+            out.push_str(&rest[..i]);
+            out.push_str(REDACTED);
+            rest = &rest[i + value.len()..];
+        }
+    }
+    out.push_str(rest);
     out
 }
 
@@ -261,5 +301,18 @@ mod tests {
             "Invalid value \"***\" for x"
         );
         assert_eq!(scrub("nothing", [""]), "nothing");
+        // Whole values only: a short user name does not eat into words.
+        assert_eq!(
+            scrub("SASL authentication failed for user u: bad u", ["u"]),
+            "SASL authentication failed for user ***: bad ***"
+        );
+        assert_eq!(
+            scrub("mechanisms PLAIN,SCRAM-SHA-512; PLAINTEXT", ["PLAIN"]),
+            "mechanisms ***,SCRAM-SHA-512; PLAINTEXT"
+        );
+        assert_eq!(scrub("`-x-`x-`", ["-x-"]), "`***`x-`");
+        assert_eq!(scrub("usvc svcx svc", ["svc"]), "usvc svcx ***");
+        // Longer values everywhere.
+        assert_eq!(scrub("x=ahunter2-secretb", ["hunter2-secret"]), "x=a***b");
     }
 }

@@ -165,14 +165,28 @@ pub fn assigned_consumer(
     start: Instant,
     deadline: Duration,
 ) -> Option<BaseConsumer> {
-    let consumer: BaseConsumer = ClientConfig::new()
+    assigned_consumer_with(brokers, &[], topic, start, deadline)
+}
+
+/// [`assigned_consumer`] with more librdkafka settings (`security.protocol`, say).
+pub fn assigned_consumer_with(
+    brokers: &str,
+    settings: &[(&str, &str)],
+    topic: &str,
+    start: Instant,
+    deadline: Duration,
+) -> Option<BaseConsumer> {
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", brokers)
         .set("group.id", format!("e2e-{}", uuid::Uuid::now_v7().simple()))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
-        .set("fetch.wait.max.ms", "100")
-        .create()
-        .unwrap();
+        .set("fetch.wait.max.ms", "100");
+    for (key, value) in settings {
+        config.set(*key, *value);
+    }
+    let consumer: BaseConsumer = config.create().unwrap();
     let partitions = loop {
         if let Ok(md) = consumer.fetch_metadata(Some(topic), Duration::from_secs(5)) {
             let n = md.topics().first().map_or(0, |t| t.partitions().len());
@@ -197,8 +211,19 @@ pub fn assigned_consumer(
 /// Reads `topic` from the beginning of every partition (assigned, no consumer group) until
 /// `expected` messages arrived or `deadline` passed.
 pub fn consume(brokers: &str, topic: &str, expected: usize, deadline: Duration) -> Vec<Consumed> {
+    consume_with(brokers, &[], topic, expected, deadline)
+}
+
+/// [`consume`] with more librdkafka settings (`security.protocol`, say).
+pub fn consume_with(
+    brokers: &str,
+    settings: &[(&str, &str)],
+    topic: &str,
+    expected: usize,
+    deadline: Duration,
+) -> Vec<Consumed> {
     let start = Instant::now();
-    let consumer = assigned_consumer(brokers, topic, start, deadline)
+    let consumer = assigned_consumer_with(brokers, settings, topic, start, deadline)
         .unwrap_or_else(|| panic!("topic {topic} never appeared on {brokers}"));
     let mut out = Vec::with_capacity(expected);
     while out.len() < expected && start.elapsed() < deadline {

@@ -17,6 +17,7 @@ mod faults;
 mod harness;
 mod holds;
 mod inputs;
+mod kafka_tls;
 mod metrics;
 mod ops;
 mod pooler;

@@ -50,31 +50,36 @@ const RELAY: &[&str] = &[
 ];
 
 /// `OUTBOX_KAFKA_CONFIG` and `--kafka-config-file` are read, and a refused secret setting
-/// is named by its key, its value never shown.
+/// is named by its key, its value never shown. The build takes TLS and SASL settings
+/// (`ssl.key.password`, `SASL_SSL`): what fails here is each source's refused value.
 #[test]
 fn kafka_secrets_from_env_and_file_are_used_and_never_echoed() {
     let dir = scratch("kafka-secrets");
-    // librdkafka's configuration warnings quote values (of `sasl.mechanisms` here), and the
-    // default build refuses `ssl.key.password`.
+    // librdkafka quotes a refused `sasl.mechanisms` (and warns quoting values).
     let (ok, out) = run(
         dir.path(),
         RELAY,
         &[(
             "OUTBOX_KAFKA_CONFIG",
-            "sasl.password=hunter2-env,sasl.mechanisms=hunter2-mech,ssl.key.password=hunter2-pem",
+            "security.protocol=SASL_SSL,sasl.password=hunter2-env,sasl.mechanisms=hunter2-mech,\
+             ssl.key.password=hunter2-pem",
         )],
     );
     assert!(!ok, "{out}");
     assert!(
-        out.contains("ssl.key.password"),
+        out.contains("Unsupported SASL mechanism"),
         "the env setting is used: {out}"
     );
     assert!(!out.contains("hunter2"), "{out}");
+    assert!(!out.contains("not supported in this build"), "{out}");
 
+    // A key file that is not there: librdkafka names `ssl.key.location` and its path.
     let file = dir.path().join("kafka.properties");
     std::fs::write(
         &file,
-        "# SASL\nsasl.password=hunter2-file\nssl.key.password=hunter2-pem\n",
+        "# TLS and SASL\nsecurity.protocol=SASL_SSL\nsasl.mechanisms=SCRAM-SHA-512\n\
+         sasl.username=svc\nsasl.password=hunter2-file\nssl.key.location=/nonexistent/hunter2-key.pem\n\
+         ssl.key.password=hunter2-pem\n",
     )
     .unwrap();
     let file = file.to_str().unwrap();
@@ -83,15 +88,18 @@ fn kafka_secrets_from_env_and_file_are_used_and_never_echoed() {
     let (ok, out) = run(dir.path(), &args, &[]);
     assert!(!ok, "{out}");
     assert!(
-        out.contains("ssl.key.password"),
+        out.contains("ssl.key.location failed"),
         "the file's settings are used: {out}"
     );
     assert!(!out.contains("hunter2"), "{out}");
 
+    // An inline key (`ssl.key.pem`) that is not PEM.
     let mut args = RELAY.to_vec();
-    args.extend(["--kafka-config", "ssl.key.password=hunter2-flag"]);
+    args.extend(["--kafka-config", "security.protocol=SSL"]);
+    args.extend(["--kafka-config", "ssl.key.pem=hunter2-flag"]);
+    args.extend(["--kafka-config", "ssl.keystore.password=hunter2-store"]);
     let (ok, out) = run(dir.path(), &args, &[]);
-    assert!(!ok && out.contains("ssl.key.password"), "{out}");
+    assert!(!ok && out.contains("ssl.key.pem"), "{out}");
     assert!(!out.contains("hunter2"), "{out}");
 
     std::fs::write(

@@ -96,7 +96,7 @@ impl Pki {
     }
 }
 
-fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+pub(crate) fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name.push(DnType::CommonName, name);

@@ -70,7 +70,7 @@ impl LogLimiter {
     }
 
     /// `text` without any of the secrets.
-    fn hide<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+    pub(crate) fn hide<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
         if self
             .secrets
             .iter()

@@ -48,12 +48,50 @@
 //! passes the rest of librdkafka's log to `tracing` rate-limited: a line of a kind at most once
 //! per 30 s, with the count of those left out.
 //!
-//! librdkafka is built from the bundled sources without zlib, zstd, SSL or SASL, keeping the
-//! build to a C compiler and `make`. Compression `lz4` and `snappy` are built in; for `gzip`,
-//! `zstd`, TLS or SASL add e.g. `rdkafka = { version = "0.39", features = ["libz", "ssl"] }` to
-//! your own `Cargo.toml` (Cargo unifies the features). Until then the builder reports such a
-//! setting, e.g. "invalid Kafka setting `compression.type` = `gzip`: ... zlib not available at
-//! build time".
+//! librdkafka is built from the bundled sources with TLS and SASL (linked against the system's
+//! OpenSSL: `libssl-dev` and `pkg-config` on Debian) and without zlib or zstd. Compression
+//! `lz4` and `snappy` are built in; for `gzip` or `zstd` add e.g.
+//! `rdkafka = { version = "0.39", features = ["libz"] }` to your own `Cargo.toml` (Cargo unifies
+//! the features). Until then the builder reports such a setting, e.g. "invalid Kafka setting
+//! `compression.type` = `gzip`: ... zlib not available at build time". Kerberos (`GSSAPI`) is
+//! not built in (rdkafka's `gssapi` feature, with libsasl2, adds it).
+//!
+//! # TLS and SASL
+//!
+//! Both builders pass librdkafka's security settings through `set` as they are:
+//! `security.protocol` (`SSL`, `SASL_SSL`, `SASL_PLAINTEXT`), `ssl.ca.location`,
+//! `ssl.certificate.location` / `ssl.key.location` / `ssl.key.password` (mutual TLS),
+//! `sasl.mechanisms` (`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`, `OAUTHBEARER`),
+//! `sasl.username`, `sasl.password`. The consumer's dead-letter producer takes the consumer's
+//! `security.*`, `ssl.*` and `sasl.*` settings. Values of secret settings (see
+//! [`is_secret_key`](crate::redact::is_secret_key)) never appear in errors, logs or `Debug`
+//! output. A refused certificate or login is an outage for the relay and the consumer (they
+//! wait, count no attempt), and the publisher's outage reason and
+//! [`check_reachable`](KafkaPublisher::check_reachable) quote librdkafka's cause, e.g. "SSL
+//! handshake failed: ... certificate verify failed".
+//!
+//! ```
+//! use outbox_core::kafka::{KafkaConsumer, KafkaPublisher};
+//!
+//! // SASL_SSL with SCRAM (Amazon MSK, Redpanda, Aiven); the server is checked against the
+//! // system's CA bundle unless `ssl.ca.location` names one.
+//! let security = [
+//!     ("security.protocol", "SASL_SSL"),
+//!     ("sasl.mechanisms", "SCRAM-SHA-512"),
+//!     ("sasl.username", "outbox-relay"),
+//!     ("sasl.password", "s3cret"), // from your secret store, not the source
+//! ];
+//! let mut publisher = KafkaPublisher::builder().brokers("kafka-1.internal:9096");
+//! let mut consumer = KafkaConsumer::builder().brokers("kafka-1.internal:9096");
+//! for (key, value) in security {
+//!     publisher = publisher.set(key, value);
+//!     consumer = consumer.set(key, value);
+//! }
+//! assert!(!format!("{publisher:?}").contains("s3cret"));
+//! let publisher = publisher.build()?; // connects in the background
+//! # drop((publisher, consumer));
+//! # Ok::<(), outbox_core::kafka::KafkaConfigError>(())
+//! ```
 //!
 //! # Ordering: what is promised, and why
 //!

@@ -137,8 +137,9 @@ impl KafkaPublisher {
     }
 
     /// Asks the cluster for its metadata: `Ok` once a broker answered within `timeout`, else
-    /// an error saying which brokers were tried. For start-up checks; publishing does not need
-    /// it.
+    /// an error saying which brokers were tried and, when librdkafka reported one, the cause
+    /// (a refused TLS certificate or SASL login, say: librdkafka's metadata error alone only
+    /// says that the request timed out). For start-up checks; publishing does not need it.
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -161,12 +162,15 @@ impl KafkaPublisher {
                 .map(|m| m.brokers().len())
         })
         .await;
-        let reason = match found {
+        let mut reason = match found {
             Ok(Ok(n)) if n > 0 => return Ok(()),
             Ok(Ok(_)) => "the cluster answered with no brokers".to_owned(),
             Ok(Err(e)) => e.to_string(),
             Err(e) => format!("the metadata request failed: {e}"),
         };
+        if let Some(last) = self.watch.last_error() {
+            reason.push_str(&format!("; last error: {last}"));
+        }
         Err(BrokerUnreachable { brokers, reason })
     }
 

@@ -29,6 +29,10 @@ pub(crate) struct BrokerWatch {
     /// The producer's `bootstrap.servers`, named in every outage reason.
     brokers: String,
     down: Mutex<Option<String>>,
+    /// librdkafka's last error other than "all brokers down", until a broker acknowledges
+    /// again: the cause an outage's reason names (a TLS handshake or SASL authentication that
+    /// failed says so here; "all brokers down" alone does not).
+    last_error: Mutex<Option<String>>,
     /// While publishes await reports: since when without an acknowledgement.
     silent_since: Mutex<Option<Instant>>,
     /// How many publishes await reports (the relay has several batches in flight).
@@ -54,27 +58,51 @@ impl BrokerWatch {
     }
 
     /// Names the cluster in the reasons of outages (`Unavailable`), which the relay logs and
-    /// `outbox status` shows: "... (Kafka at 127.0.0.1:9092)".
+    /// `outbox status` shows, with librdkafka's [last error](Self::last_error) if any:
+    /// "... (Kafka at 127.0.0.1:9092; last error: ... SSL handshake failed ...)".
     pub(crate) fn name_brokers(&self, outcomes: &mut [Delivery]) {
-        if self.brokers.is_empty() {
+        let last = self.last_error();
+        if self.brokers.is_empty() && last.is_none() {
             return;
+        }
+        let mut note = format!("Kafka{}", self.at());
+        if let Some(last) = &last {
+            note.push_str(&format!("; last error: {last}"));
         }
         for outcome in outcomes {
             if let Delivery::Unavailable(reason) = outcome
-                && !reason.contains(&self.brokers)
+                && (self.brokers.is_empty() || !reason.contains(&self.brokers))
             {
-                reason.push_str(&format!(" (Kafka{})", self.at()));
+                reason.push_str(&format!(" ({note})"));
             }
         }
     }
 
-    /// librdkafka's reason, while every broker is down.
+    /// librdkafka's last error other than "all brokers down" since a broker last
+    /// acknowledged, e.g. `ssl://k1:9093/bootstrap: SSL handshake failed: ... certificate
+    /// verify failed ...`; secret settings' values already hidden.
+    pub(crate) fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// librdkafka's reason, while every broker is down, with its [last error](Self::last_error)
+    /// (which often comes after "all brokers down": a broker that went away is reconnected,
+    /// and only then refuses the TLS handshake).
     pub(crate) fn down(&self) -> Option<String> {
         let down = self
             .down
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+            .clone()
+            .map(|mut reason| {
+                if let Some(last) = self.last_error() {
+                    reason.push_str(&format!("; last error: {last}"));
+                }
+                reason
+            });
         down.or_else(|| {
             let since = (*self
                 .silent_since
@@ -127,6 +155,14 @@ impl BrokerWatch {
             *down = None;
         }
         drop(down);
+        let mut last = self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if last.is_some() {
+            *last = None;
+        }
+        drop(last);
         let mut silent = self
             .silent_since
             .lock()
@@ -139,6 +175,13 @@ impl BrokerWatch {
     fn all_down(&self, reason: &str) {
         let reason = format!("no Kafka broker reachable{}: {reason}", self.at());
         *self.down.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+    }
+
+    fn error(&self, reason: &str) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(reason.to_owned());
     }
 }
 
@@ -163,6 +206,8 @@ impl ClientContext for WatchContext {
     fn error(&self, error: KafkaError, reason: &str) {
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
             self.0.all_down(reason);
+        } else {
+            self.0.error(&self.1.hide(reason));
         }
         self.1.error(&error, reason);
     }
@@ -187,10 +232,44 @@ mod tests {
         );
         assert_eq!(
             watch.down().as_deref(),
-            Some("no Kafka broker reachable: 2/2 brokers are down")
+            Some("no Kafka broker reachable: 2/2 brokers are down; last error: one broker")
         );
         watch.reached();
         assert_eq!(watch.down(), None);
+    }
+
+    #[test]
+    fn all_brokers_down_names_the_last_error_without_secrets() {
+        let watch = Arc::new(BrokerWatch::new("k1:9093"));
+        let log = LogLimiter::new("k1:9093").hiding(vec!["hunter2".to_owned()]);
+        let context = WatchContext(watch.clone(), Arc::new(log));
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "1/1 brokers are down",
+        );
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::Authentication),
+            "sasl_ssl://k1:9093/bootstrap: SASL authentication error: bad password hunter2",
+        );
+        assert_eq!(
+            watch.down().as_deref(),
+            Some(
+                "no Kafka broker reachable at k1:9093: 1/1 brokers are down; last error: \
+                 sasl_ssl://k1:9093/bootstrap: SASL authentication error: bad password ***"
+            )
+        );
+        let mut outcomes = [Delivery::Unavailable("Message timed out".into())];
+        watch.name_brokers(&mut outcomes);
+        assert_eq!(
+            outcomes,
+            [Delivery::Unavailable(
+                "Message timed out (Kafka at k1:9093; last error: sasl_ssl://k1:9093/bootstrap: \
+                 SASL authentication error: bad password ***)"
+                    .into()
+            )]
+        );
+        watch.reached();
+        assert_eq!(watch.last_error(), None, "an acknowledgement clears it");
     }
 
     #[test]

