@@ -158,3 +158,68 @@ async fn leader_relays_and_writers_through_pgbouncer() {
 async fn stream_relays_and_writers_through_pgbouncer() {
     through_pgbouncer(Mode::Stream, 10, 200).await;
 }
+
+/// Writers on diesel-async through PgBouncer, as the README says to set them up (opened by
+/// `connect::postgres_pooled`, statement cache off, statements inside transactions), beside
+/// a relay behind the same pooler: every event written and published once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_writers_through_pgbouncer() {
+    use diesel_async::AsyncConnection;
+    let db = Postgres::database("pgbouncer_async");
+    let bouncer = PgBouncer::start();
+    let url = bouncer.url(&db);
+    let server = server_settings(&db);
+    let broker = Arc::new(MemoryBroker::new());
+    let store = PgRelayStore::new(&url).transaction_pooler(true);
+    let relay = Relay::new(store, broker.clone(), config(Mode::Sharded)).unwrap();
+    let stats = relay.stats();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(relay.run(async move {
+        let _ = rx.await;
+    }));
+    let (aggregates, per) = (10, 100);
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let mut conn = outbox::connect::postgres_pooled(&url).await.unwrap();
+                conn.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
+                for i in 0..per {
+                    conn.transaction(async |c| {
+                        for a in 0..aggregates / 2 {
+                            let event = OrderEvent::Paid {
+                                order_id: (w * aggregates / 2 + a) as i64,
+                                amount: i as i64,
+                            };
+                            outbox::publish_async(c, &event).await?;
+                        }
+                        Ok::<_, outbox::Error>(())
+                    })
+                    .await
+                    .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while broker.all_records().len() < aggregates * per && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop.send(());
+    handle.await.unwrap();
+    assert_in_order(&broker, aggregates, per);
+    assert_eq!(
+        stats
+            .store_errors
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "no statement of the relay failed behind PgBouncer"
+    );
+    for seen in pool_settings(&url) {
+        assert_eq!(seen, server);
+    }
+    drop(bouncer);
+}
