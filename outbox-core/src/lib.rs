@@ -32,6 +32,9 @@ pub mod relay;
 #[cfg_attr(docsrs, doc(cfg(feature = "schema")))]
 pub mod schema;
 mod shard;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod wire;
 
 pub use envelope::{
