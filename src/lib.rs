@@ -88,6 +88,7 @@
 //! - `relay`: the relay engine and its stores (implies `async`).
 //! - `kafka`: the Kafka publisher and consumer (librdkafka, built from bundled sources).
 //! - `schema`: the JSON Schema of every event (`schemars`) and `outbox::schema`'s snapshot check.
+//! - `testing`: the test kit, [`testing`] (for dev-dependencies).
 //! - `cli`: the `outbox` binary: `outbox migrate`, `outbox relay`, `outbox status`, `outbox dead`,
 //!   `outbox replay`, `outbox cleanup`.
 //! - `tls`, `mysql_tls`: TLS (rustls) for the async PostgreSQL and MySQL connections, from the
@@ -298,6 +299,29 @@ pub use outbox_core::schemars;
 /// }
 /// ```
 pub use outbox_core::idempotent;
+
+/// The test kit (feature `testing`) for services that use the outbox: assertions on what a
+/// transaction wrote, a deterministic relay, redelivery harnesses for handlers and fault
+/// injection. See the README's "Testing a service that uses outbox".
+///
+/// - [`written`](testing::written), [`written_events`](testing::written_events) and
+///   [`assert_written!`](testing::assert_written): the events a transaction wrote, no broker.
+/// - [`drain`](testing::drain) / [`Drain`](testing::Drain): publishes everything pending to a
+///   publisher on the test's own connection and returns what was published;
+///   `MemoryBroker::published::<E>()` reads the in-memory broker back, typed.
+/// - [`deliver_twice`](testing::deliver_twice),
+///   [`deliver_twice_observed`](testing::deliver_twice_observed),
+///   [`deliver_out_of_order`](testing::deliver_out_of_order): redelivery of one event to an
+///   `#[idempotent]` handler.
+/// - [`Faulty`](testing::Faulty): a publisher wrapper that fails, is unreachable for a while,
+///   black-holes or loses acknowledgements; [`Drain::crash_after_publish`](testing::Drain::crash_after_publish)
+///   stops a drain between publish and mark.
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing {
+    pub use outbox_core::testing::*;
+    pub use outbox_diesel::testing::*;
+}
 
 /// The outbox's schema migrations: [`migrations::run`] (sync) and `migrations::run_async`.
 pub mod migrations {
