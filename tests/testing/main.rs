@@ -25,6 +25,7 @@ macro_rules! each_backend {
 mod deliver;
 mod drain;
 mod faults;
+mod old_payloads;
 mod written;
 
 use outbox::prelude::*;
