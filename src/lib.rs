@@ -323,6 +323,72 @@ pub mod testing {
     pub use outbox_diesel::testing::*;
 }
 
+/// A test with a fresh database (feature `testing`): `#[outbox::test]` on a sync or `async fn`
+/// creates a database for the test, applies the outbox's migrations (and the application's,
+/// with `migrations = "dir"`), hands the test the connection or pool its one parameter asks
+/// for, and drops the database when the test ends, also when it panics.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use outbox::prelude::*;
+///
+/// #[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
+/// #[outbox(aggregate = "order", event_type = "OrderPlaced")]
+/// struct OrderPlaced { #[outbox(aggregate_id)] order_id: i64 }
+///
+/// #[outbox::test(migrations = "migrations/sqlite")]
+/// fn placing_an_order_writes_the_event(conn: &mut SqliteConnection) {
+///     conn.transaction_with_outbox(|tx| {
+///         tx.publish(&OrderPlaced { order_id: 7 })?;
+///         Ok::<_, outbox::Error>(())
+///     })
+///     .unwrap();
+///     outbox::testing::assert_written!(conn, OrderPlaced { order_id: 7 });
+/// }
+///
+/// #[outbox::test]
+/// async fn async_tests_get_async_connections(pool: diesel_async::pooled_connection::deadpool::Pool<diesel_async::AsyncPgConnection>) {
+///     let conn = pool.get().await.unwrap();
+///     # drop(conn);
+/// }
+/// # fn main() {}
+/// ```
+///
+/// # Where the database comes from
+///
+/// The parameter's type decides the backend ([`TestConnection`](testing::TestConnection),
+/// [`AsyncTestConnection`](testing::AsyncTestConnection)):
+///
+/// - PostgreSQL (`&mut PgConnection`, `&mut AsyncPgConnection`, an r2d2, deadpool or bb8
+///   pool of them): a database `outbox_t_kit_<process>_<n>` created on the server named by
+///   `OUTBOX_TEST_POSTGRES_URL` (a URL of a database there, with the right to create others),
+///   dropped `WITH (FORCE)` afterwards;
+/// - MySQL/MariaDB (`&mut MysqlConnection`, `&mut AsyncMysqlConnection`, pools): the same on
+///   `OUTBOX_TEST_MYSQL_URL`;
+/// - SQLite (`&mut SqliteConnection`, `&mut SyncConnectionWrapper<SqliteConnection>`, an r2d2
+///   pool): a temporary file, deleted afterwards.
+///
+/// A connection is taken as `&mut T`, a pool by value. An `async fn` test runs on a
+/// single-threaded Tokio runtime of its own; a sync one is given sync connections and pools
+/// only.
+///
+/// # Options
+///
+/// - `migrations = "dir"`: the application's Diesel migrations directory, relative to the
+///   package (`CARGO_MANIFEST_DIR`), applied after the outbox's (see
+///   [`TestDatabase::migrate_dir`](testing::TestDatabase::migrate_dir)).
+/// - `env = "VAR"`: read the server's URL from `VAR` instead.
+/// - `crate = path`: the path the generated code reaches the kit through; defaults to
+///   `::outbox`.
+///
+/// Misuse is a compile error at the offending token: no parameter or more than one, `self`,
+/// a connection taken as `&T`, an `impl Trait` parameter, a generic or `const` test, an
+/// unknown or repeated option, an empty or non-string `migrations` or `env`, a type the kit
+/// cannot open (or an async connection in a sync test), an item that is not a function.
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub use outbox_core::test;
+
 /// The outbox's schema migrations: [`migrations::run`] (sync) and `migrations::run_async`.
 pub mod migrations {
     pub use outbox_diesel::migrations::*;

@@ -63,6 +63,12 @@ pub use outbox_derive::OutboxEvent;
 #[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
 pub use outbox_derive::idempotent;
 
+/// `#[outbox::test]`: see the `outbox` crate for its documentation (features `derive` and
+/// `testing`).
+#[cfg(all(feature = "derive", feature = "testing"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub use outbox_derive::test;
+
 /// `schemars`, to derive `JsonSchema` for events (feature `schema`).
 #[cfg(feature = "schema")]
 #[cfg_attr(docsrs, doc(cfg(feature = "schema")))]

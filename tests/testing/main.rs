@@ -22,6 +22,7 @@ macro_rules! each_backend {
     }};
 }
 
+mod attribute;
 mod deliver;
 mod drain;
 mod faults;

@@ -68,8 +68,17 @@ pub enum DatabaseError {
     },
     /// Creating the database or migrating it failed.
     Database(diesel::result::Error),
-    /// The SQLite file could not be prepared.
+    /// The SQLite file, or the application's migrations directory, could not be read.
     Io(std::io::Error),
+    /// One of the application's migrations failed.
+    Migration {
+        /// The migration's directory name.
+        name: String,
+        /// Why.
+        source: diesel::result::Error,
+    },
+    /// A pool could not be built on the database.
+    Pool(outbox_core::BoxError),
 }
 
 impl fmt::Display for DatabaseError {
@@ -87,7 +96,11 @@ impl fmt::Display for DatabaseError {
                 write!(f, "cannot connect to the {what}: {source}")
             }
             DatabaseError::Database(e) => write!(f, "preparing the test database failed: {e}"),
-            DatabaseError::Io(e) => write!(f, "preparing the SQLite test file failed: {e}"),
+            DatabaseError::Io(e) => write!(f, "preparing the test database failed: {e}"),
+            DatabaseError::Migration { name, source } => {
+                write!(f, "the migration `{name}` failed: {source}")
+            }
+            DatabaseError::Pool(e) => write!(f, "building a pool on the test database failed: {e}"),
         }
     }
 }
@@ -98,6 +111,8 @@ impl std::error::Error for DatabaseError {
             DatabaseError::Connect { source, .. } => Some(source),
             DatabaseError::Database(e) => Some(e),
             DatabaseError::Io(e) => Some(e),
+            DatabaseError::Migration { source, .. } => Some(source),
+            DatabaseError::Pool(e) => Some(&**e),
             _ => None,
         }
     }
@@ -241,6 +256,79 @@ impl TestDatabase {
         Err(DatabaseError::Unsupported {
             scheme: "mysql".to_owned(),
         })
+    }
+
+    /// Applies the application's own Diesel migrations: every subdirectory of `dir` that holds
+    /// an `up.sql`, in name order (Diesel's versions sort so), each as one batch. Returns
+    /// their names. They are not recorded in `__diesel_schema_migrations`: the database
+    /// lives for one test.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use diesel::prelude::*;
+    /// use outbox_diesel::testing::TestDatabase;
+    ///
+    /// let dir = std::env::temp_dir().join(format!("outbox-migrate-dir-doc-{}", std::process::id()));
+    /// std::fs::create_dir_all(dir.join("2024-01-01-000000_orders"))?;
+    /// std::fs::write(dir.join("2024-01-01-000000_orders/up.sql"), "CREATE TABLE orders (id BIGINT PRIMARY KEY);")?;
+    ///
+    /// let db = TestDatabase::sqlite()?;
+    /// assert_eq!(db.migrate_dir(&dir)?, ["2024-01-01-000000_orders"]);
+    /// let mut conn: SqliteConnection = db.connect()?;
+    /// diesel::sql_query("INSERT INTO orders (id) VALUES (1)").execute(&mut conn)?;
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn migrate_dir(
+        &self,
+        dir: impl AsRef<std::path::Path>,
+    ) -> Result<Vec<String>, DatabaseError> {
+        let mut migrations = Vec::new();
+        for entry in std::fs::read_dir(dir.as_ref()).map_err(DatabaseError::Io)? {
+            let path = entry.map_err(DatabaseError::Io)?.path();
+            let up = path.join("up.sql");
+            if up.is_file() {
+                let name = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let sql = std::fs::read_to_string(&up).map_err(DatabaseError::Io)?;
+                migrations.push((name, sql));
+            }
+        }
+        migrations.sort();
+        fn apply<C: diesel::Connection>(
+            conn: &mut C,
+            migrations: &[(String, String)],
+        ) -> Result<(), DatabaseError> {
+            for (name, sql) in migrations {
+                conn.batch_execute(sql)
+                    .map_err(|source| DatabaseError::Migration {
+                        name: name.clone(),
+                        source,
+                    })?;
+            }
+            Ok(())
+        }
+        match &self.kind {
+            #[cfg(feature = "postgres")]
+            Kind::Postgres { .. } => {
+                apply(&mut self.connect::<diesel::PgConnection>()?, &migrations)?
+            }
+            #[cfg(feature = "mysql")]
+            Kind::Mysql { .. } => {
+                apply(&mut self.connect::<diesel::MysqlConnection>()?, &migrations)?
+            }
+            #[cfg(feature = "sqlite")]
+            Kind::Sqlite => apply(
+                &mut self.connect::<diesel::SqliteConnection>()?,
+                &migrations,
+            )?,
+            #[allow(unreachable_patterns)]
+            _ => {}
+        }
+        Ok(migrations.into_iter().map(|(name, _)| name).collect())
     }
 
     /// The database's URL (a file path for SQLite).

@@ -9,12 +9,14 @@
 //!   [`deliver_twice_observed`], [`deliver_out_of_order`].
 //! - A fresh database per test, dropped afterwards: [`TestDatabase`].
 
+mod connections;
 mod database;
 mod deliver;
 mod drain;
 mod written;
 
 pub use crate::assert_written;
+pub use connections::{AsyncTestConnection, MYSQL_URL_VAR, POSTGRES_URL_VAR, TestConnection};
 pub use database::{DatabaseError, TestDatabase};
 pub use deliver::{DeliveryError, deliver_out_of_order, deliver_twice, deliver_twice_observed};
 #[cfg(feature = "async")]
@@ -42,6 +44,7 @@ pub mod __private {
     use super::{ReadError, WrittenEvent};
     use crate::OutboxBackend;
 
+    pub use super::connections::{async_setup, runtime, sync_setup};
     pub use super::written::assert_failed;
 
     /// Reads the outbox back through method-call syntax, so that the macro takes a
