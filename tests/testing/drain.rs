@@ -231,3 +231,30 @@ async fn drain_async_to_kafka() {
             .all(|e| e.published)
     );
 }
+
+#[tokio::test]
+async fn a_sync_drain_inside_a_runtime_is_a_typed_error() {
+    let db = crate::database("sqlite");
+    let mut conn: diesel::SqliteConnection = db.connect().unwrap();
+    place_order(&mut conn, 7, 1250).unwrap();
+    let err = drain(&mut conn, &MemoryBroker::new()).unwrap_err();
+    assert!(matches!(err, DrainError::InsideRuntime), "{err:?}");
+}
+
+/// A publisher that breaks the contract: no outcome for any message.
+struct Silent;
+
+impl outbox::relay::Publisher for Silent {
+    async fn publish(&self, _: &[outbox::relay::OutboxMessage]) -> Vec<outbox::relay::Delivery> {
+        Vec::new()
+    }
+}
+
+#[test]
+fn a_publisher_that_publishes_nothing_does_not_loop_forever() {
+    let db = crate::database("sqlite");
+    let mut conn: diesel::SqliteConnection = db.connect().unwrap();
+    place_order(&mut conn, 7, 1250).unwrap();
+    let err = drain(&mut conn, &Silent).unwrap_err();
+    assert!(matches!(err, DrainError::Unavailable { .. }), "{err:?}");
+}

@@ -269,11 +269,11 @@ impl TestDatabase {
     /// use outbox_diesel::testing::TestDatabase;
     ///
     /// let dir = std::env::temp_dir().join(format!("outbox-migrate-dir-doc-{}", std::process::id()));
-    /// std::fs::create_dir_all(dir.join("2024-01-01-000000_orders"))?;
-    /// std::fs::write(dir.join("2024-01-01-000000_orders/up.sql"), "CREATE TABLE orders (id BIGINT PRIMARY KEY);")?;
+    /// std::fs::create_dir_all(dir.join("00000000000001_orders"))?;
+    /// std::fs::write(dir.join("00000000000001_orders/up.sql"), "CREATE TABLE orders (id BIGINT PRIMARY KEY);")?;
     ///
     /// let db = TestDatabase::sqlite()?;
-    /// assert_eq!(db.migrate_dir(&dir)?, ["2024-01-01-000000_orders"]);
+    /// assert_eq!(db.migrate_dir(&dir)?, ["00000000000001_orders"]);
     /// let mut conn: SqliteConnection = db.connect()?;
     /// diesel::sql_query("INSERT INTO orders (id) VALUES (1)").execute(&mut conn)?;
     /// # std::fs::remove_dir_all(&dir)?;

@@ -106,13 +106,16 @@ impl Drain {
     }
 
     /// Drains the outbox on a synchronous connection. The publisher's futures run on a
-    /// private single-threaded Tokio runtime, so this must not be called from async code
-    /// (use [`run_async`](Drain::run_async) there).
+    /// private single-threaded Tokio runtime, so called from async code it returns
+    /// [`DrainError::InsideRuntime`] (use [`run_async`](Drain::run_async) there).
     pub fn run<C, P>(&self, conn: &mut C, publisher: &P) -> Result<Drained, DrainError>
     where
         C: diesel::connection::LoadConnection<Backend: OutboxBackend>,
         P: Publisher,
     {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(DrainError::InsideRuntime);
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -330,6 +333,14 @@ impl<'a> State<'a> {
             };
             return (marks, Next::Stop(error));
         }
+        // A publisher that published nothing and said why not (only `NotAttempted`, or fewer
+        // outcomes than messages) would have the drain publish the same batch forever.
+        let outage = match outage {
+            None if marks.is_empty() => {
+                Some("the publisher published none of the batch and reported no failure".into())
+            }
+            outage => outage,
+        };
         let Some(error) = outage else {
             self.give_up_at = None;
             return (marks, Next::Continue);
@@ -437,6 +448,9 @@ pub enum DrainError {
     },
     /// The private Tokio runtime of a sync drain could not be built.
     Runtime(std::io::Error),
+    /// [`Drain::run`] was called from async code (inside a Tokio runtime), where it would
+    /// block the runtime's thread: use [`Drain::run_async`] there.
+    InsideRuntime,
 }
 
 impl fmt::Display for DrainError {
@@ -459,6 +473,10 @@ impl fmt::Display for DrainError {
                 published.len()
             ),
             DrainError::Runtime(e) => write!(f, "could not start the drain's runtime: {e}"),
+            DrainError::InsideRuntime => f.write_str(
+                "a sync drain was run inside a Tokio runtime: use `Drain::run_async` (or \
+                 `drain_async`) from async code",
+            ),
         }
     }
 }
