@@ -44,6 +44,7 @@ pub trait AsyncTestConnection: Sized {
 
 /// Every sync connection or pool is also given to `async fn` tests (implemented one by one,
 /// not for every `TestConnection`, so that a type neither trait knows is reported once).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 macro_rules! also_async {
     ($ty:ty) => {
         fn open(db: &TestDatabase) -> impl Future<Output = Result<Self, DatabaseError>> + Send {
@@ -101,6 +102,7 @@ where
 
 #[cfg(feature = "async")]
 mod async_impls {
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 
     use super::*;

@@ -1,7 +1,6 @@
 //! [`TestDatabase`]: a fresh database per test, with the outbox migrated, dropped afterwards.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 /// A database that exists for the life of this value: created fresh on a server (PostgreSQL,
 /// MySQL/MariaDB) or as a temporary SQLite file, with the outbox's migrations applied, and
@@ -124,7 +123,9 @@ impl From<diesel::result::Error> for DatabaseError {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn unique_name() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("outbox_t_kit_{}_{n}", std::process::id())
@@ -197,7 +198,7 @@ impl TestDatabase {
     }
 
     #[cfg(not(feature = "sqlite"))]
-    fn sqlite() -> Result<Self, DatabaseError> {
+    pub(crate) fn sqlite() -> Result<Self, DatabaseError> {
         Err(DatabaseError::Unsupported {
             scheme: "sqlite".to_owned(),
         })
@@ -298,6 +299,7 @@ impl TestDatabase {
             }
         }
         migrations.sort();
+        #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
         fn apply<C: diesel::Connection>(
             conn: &mut C,
             migrations: &[(String, String)],

@@ -285,6 +285,7 @@ where
 
 /// [`deliver_twice`] for an async handler (an `#[idempotent] async fn`) on a diesel-async
 /// connection.
+#[cfg(feature = "async")]
 pub async fn deliver_twice_async<C, E, T, Er, H>(
     conn: &mut C,
     mut handler: H,
@@ -304,6 +305,7 @@ where
 }
 
 /// [`deliver_twice_observed`] for an async handler; `observe` is async too.
+#[cfg(feature = "async")]
 pub async fn deliver_twice_observed_async<C, E, T, Er, H, O, Obs>(
     conn: &mut C,
     mut handler: H,
