@@ -260,9 +260,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             serde_json::json!({ "order_id": 1, "total_cents": 10, "currency": "USD" }),
         ),
     ])?;
-    println!("==> every version of OrderPlaced still decodes");
+    println!("-- every version of OrderPlaced still decodes");
 
-    println!("==> SQLite");
+    println!("-- SQLite");
     let db = TestDatabase::sqlite()?;
     db.migrate_dir(MIGRATIONS)?;
     story(
@@ -270,7 +270,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         shop::charge_sqlite,
     )?;
 
-    println!("==> PostgreSQL");
+    println!("-- PostgreSQL");
     let db = TestDatabase::create(&url(
         "OUTBOX_TEST_POSTGRES_URL",
         "postgres://postgres@127.0.0.1:5432/test",
@@ -281,7 +281,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         shop::charge_postgres,
     )?;
 
-    println!("==> MySQL/MariaDB");
+    println!("-- MySQL/MariaDB");
     let db = TestDatabase::create(&url(
         "OUTBOX_TEST_MYSQL_URL",
         "mysql://root@127.0.0.1:3306/test",
