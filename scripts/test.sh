@@ -101,6 +101,10 @@ if [ "${OUTBOX_SKIP_SERVICES:-0}" != 1 ]; then
   done
 fi
 
+# The test kit's `#[outbox::test]` reads the servers from these (the tests' own defaults).
+export OUTBOX_TEST_POSTGRES_URL="${OUTBOX_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+export OUTBOX_TEST_MYSQL_URL="${OUTBOX_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
+
 # --- checks and tests --------------------------------------------------------------------------
 # Each step prints its wall time, so a slow run says where its time went.
 started=$SECONDS

@@ -88,6 +88,7 @@
 //! - `relay`: the relay engine and its stores (implies `async`).
 //! - `kafka`: the Kafka publisher and consumer (librdkafka, built from bundled sources).
 //! - `schema`: the JSON Schema of every event (`schemars`) and `outbox::schema`'s snapshot check.
+//! - `testing`: the test kit, [`testing`] (for dev-dependencies).
 //! - `cli`: the `outbox` binary: `outbox migrate`, `outbox relay`, `outbox status`, `outbox dead`,
 //!   `outbox replay`, `outbox cleanup`.
 //! - `tls`, `mysql_tls`: TLS (rustls) for the async PostgreSQL and MySQL connections, from the
@@ -298,6 +299,95 @@ pub use outbox_core::schemars;
 /// }
 /// ```
 pub use outbox_core::idempotent;
+
+/// The test kit (feature `testing`) for services that use the outbox: assertions on what a
+/// transaction wrote, a deterministic relay, redelivery harnesses for handlers and fault
+/// injection. See the README's "Testing a service that uses outbox".
+///
+/// - [`written`](testing::written), [`written_events`](testing::written_events) and
+///   [`assert_written!`](testing::assert_written): the events a transaction wrote, no broker.
+/// - [`drain`](testing::drain) / [`Drain`](testing::Drain): publishes everything pending to a
+///   publisher on the test's own connection and returns what was published;
+///   `MemoryBroker::published::<E>()` reads the in-memory broker back, typed.
+/// - [`deliver_twice`](testing::deliver_twice),
+///   [`deliver_twice_observed`](testing::deliver_twice_observed),
+///   [`deliver_out_of_order`](testing::deliver_out_of_order): redelivery of one event to an
+///   `#[idempotent]` handler.
+/// - [`Faulty`](testing::Faulty): a publisher wrapper that fails, is unreachable for a while,
+///   black-holes or loses acknowledgements; [`Drain::crash_after_publish`](testing::Drain::crash_after_publish)
+///   stops a drain between publish and mark.
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing {
+    pub use outbox_core::testing::*;
+    pub use outbox_diesel::testing::*;
+}
+
+/// A test with a fresh database (feature `testing`): `#[outbox::test]` on a sync or `async fn`
+/// creates a database for the test, applies the outbox's migrations (and the application's,
+/// with `migrations = "dir"`), hands the test the connection or pool its one parameter asks
+/// for, and drops the database when the test ends, also when it panics.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use outbox::prelude::*;
+///
+/// #[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
+/// #[outbox(aggregate = "order", event_type = "OrderPlaced")]
+/// struct OrderPlaced { #[outbox(aggregate_id)] order_id: i64 }
+///
+/// #[outbox::test(migrations = "migrations/sqlite")]
+/// fn placing_an_order_writes_the_event(conn: &mut SqliteConnection) {
+///     conn.transaction_with_outbox(|tx| {
+///         tx.publish(&OrderPlaced { order_id: 7 })?;
+///         Ok::<_, outbox::Error>(())
+///     })
+///     .unwrap();
+///     outbox::testing::assert_written!(conn, OrderPlaced { order_id: 7 });
+/// }
+///
+/// #[outbox::test]
+/// async fn async_tests_get_async_connections(pool: diesel_async::pooled_connection::deadpool::Pool<diesel_async::AsyncPgConnection>) {
+///     let conn = pool.get().await.unwrap();
+///     # drop(conn);
+/// }
+/// # fn main() {}
+/// ```
+///
+/// # Where the database comes from
+///
+/// The parameter's type decides the backend ([`TestConnection`](testing::TestConnection),
+/// [`AsyncTestConnection`](testing::AsyncTestConnection)):
+///
+/// - PostgreSQL (`&mut PgConnection`, `&mut AsyncPgConnection`, an r2d2, deadpool or bb8
+///   pool of them): a database `outbox_t_kit_<process>_<n>` created on the server named by
+///   `OUTBOX_TEST_POSTGRES_URL` (a URL of a database there, with the right to create others),
+///   dropped `WITH (FORCE)` afterwards;
+/// - MySQL/MariaDB (`&mut MysqlConnection`, `&mut AsyncMysqlConnection`, pools): the same on
+///   `OUTBOX_TEST_MYSQL_URL`;
+/// - SQLite (`&mut SqliteConnection`, `&mut SyncConnectionWrapper<SqliteConnection>`, an r2d2
+///   pool): a temporary file, deleted afterwards.
+///
+/// A connection is taken as `&mut T`, a pool by value. An `async fn` test runs on a
+/// single-threaded Tokio runtime of its own; a sync one is given sync connections and pools
+/// only.
+///
+/// # Options
+///
+/// - `migrations = "dir"`: the application's Diesel migrations directory, relative to the
+///   package (`CARGO_MANIFEST_DIR`), applied after the outbox's (see
+///   [`TestDatabase::migrate_dir`](testing::TestDatabase::migrate_dir)).
+/// - `env = "VAR"`: read the server's URL from `VAR` instead.
+/// - `crate = path`: the path the generated code reaches the kit through; defaults to
+///   `::outbox`.
+///
+/// Misuse is a compile error at the offending token: no parameter or more than one, `self`,
+/// a connection taken as `&T`, an `impl Trait` parameter, a generic or `const` test, an
+/// unknown or repeated option, an empty or non-string `migrations` or `env`, a type the kit
+/// cannot open (or an async connection in a sync test), an item that is not a function.
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub use outbox_core::test;
 
 /// The outbox's schema migrations: [`migrations::run`] (sync) and `migrations::run_async`.
 pub mod migrations {

@@ -32,6 +32,9 @@ pub mod relay;
 #[cfg_attr(docsrs, doc(cfg(feature = "schema")))]
 pub mod schema;
 mod shard;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod wire;
 
 pub use envelope::{
@@ -59,6 +62,12 @@ pub use outbox_derive::OutboxEvent;
 #[cfg(feature = "derive")]
 #[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
 pub use outbox_derive::idempotent;
+
+/// `#[outbox::test]`: see the `outbox` crate for its documentation (features `derive` and
+/// `testing`).
+#[cfg(all(feature = "derive", feature = "testing"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub use outbox_derive::test;
 
 /// `schemars`, to derive `JsonSchema` for events (feature `schema`).
 #[cfg(feature = "schema")]

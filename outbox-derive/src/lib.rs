@@ -14,6 +14,8 @@ mod ctxt;
 mod expand;
 mod fallback;
 mod idempotent;
+#[cfg(feature = "testing")]
+mod testing;
 mod valid;
 mod value;
 
@@ -228,4 +230,11 @@ pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     idempotent::expand(args.into(), item.into()).into()
+}
+
+/// `#[outbox::test]`: see the `outbox` crate (feature `testing`) for its documentation.
+#[cfg(feature = "testing")]
+#[proc_macro_attribute]
+pub fn test(args: TokenStream, item: TokenStream) -> TokenStream {
+    testing::expand(args.into(), item.into()).into()
 }

@@ -1,6 +1,6 @@
 // Shared setup of the doc examples: an in-memory SQLite database with the outbox migrations,
 // an `orders` table and an `OrderCreated` event. Included (hidden) by the examples.
-#[derive(serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[allow(dead_code)]
 struct OrderCreated {
     order_id: i64,

@@ -27,6 +27,9 @@ pub mod notify;
 mod order;
 mod rollback;
 mod sync;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod tx;
 
 #[cfg(feature = "async")]

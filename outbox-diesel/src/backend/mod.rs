@@ -140,6 +140,22 @@ pub trait OutboxBackend: Backend + private::Sealed {
     fn migrate_async<C: diesel_async::AsyncConnection<Backend = Self>>(
         conn: &mut C,
     ) -> impl Future<Output = diesel::QueryResult<Vec<&'static str>>> + Send;
+
+    /// Loads outbox rows with `sql` (a `SELECT` of [`crate::testing`]'s columns).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    fn testing_load<C: diesel::connection::LoadConnection<Backend = Self>>(
+        conn: &mut C,
+        sql: String,
+    ) -> diesel::QueryResult<Vec<crate::testing::Row>>;
+
+    /// The async twin of [`OutboxBackend::testing_load`].
+    #[cfg(all(feature = "testing", feature = "async"))]
+    #[doc(hidden)]
+    fn testing_load_async<C: diesel_async::AsyncConnection<Backend = Self>>(
+        conn: &mut C,
+        sql: String,
+    ) -> impl Future<Output = diesel::QueryResult<Vec<crate::testing::Row>>> + Send;
 }
 
 /// The parts of [`OutboxBackend`] whose code is the same for every backend, but which need a
@@ -208,6 +224,22 @@ macro_rules! backend_ops {
             conn: &mut C,
         ) -> diesel::QueryResult<Vec<&'static str>> {
             crate::migrations::run_async_impl::<C>(conn, Self::MIGRATIONS).await
+        }
+
+        #[cfg(feature = "testing")]
+        fn testing_load<C: diesel::connection::LoadConnection<Backend = Self>>(
+            conn: &mut C,
+            sql: String,
+        ) -> diesel::QueryResult<Vec<crate::testing::Row>> {
+            diesel::RunQueryDsl::load(diesel::sql_query(sql), conn)
+        }
+
+        #[cfg(all(feature = "testing", feature = "async"))]
+        async fn testing_load_async<C: diesel_async::AsyncConnection<Backend = Self>>(
+            conn: &mut C,
+            sql: String,
+        ) -> diesel::QueryResult<Vec<crate::testing::Row>> {
+            diesel_async::RunQueryDsl::load(diesel::sql_query(sql), conn).await
         }
     };
 }

@@ -1,0 +1,2 @@
+DROP TABLE invoices;
+DROP TABLE orders;

@@ -1,0 +1,5 @@
+// The attribute makes test functions.
+#[outbox::test]
+struct Fixture;
+
+fn main() {}
