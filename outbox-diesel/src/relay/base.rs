@@ -126,7 +126,11 @@ pub(crate) type Factory<Conn> =
 pub(crate) enum Source<Conn> {
     /// Opened by the backend's `establish`, with the URL's TLS parameters.
     Url(String),
-    /// Opened by the application's factory.
+    /// Opened by the application's factory (the PostgreSQL and MySQL stores take one).
+    #[cfg_attr(
+        not(any(feature = "postgres_backend", feature = "mysql_backend")),
+        allow(dead_code)
+    )]
     Factory(Factory<Conn>),
 }
 
@@ -141,6 +145,10 @@ impl<Conn> Clone for Source<Conn> {
 
 impl<Conn: Send + 'static> Source<Conn> {
     /// Wraps an application's factory, boxing its future and its error.
+    #[cfg_attr(
+        not(any(feature = "postgres_backend", feature = "mysql_backend")),
+        allow(dead_code)
+    )]
     pub fn factory<F, Fut, E>(f: F) -> Self
     where
         F: Fn() -> Fut + Send + Sync + 'static,
