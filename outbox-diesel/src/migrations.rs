@@ -170,6 +170,33 @@ where
     <C::Backend as OutboxBackend>::migrate_async(conn).await
 }
 
+/// The versions of the outbox migrations not yet applied on this database, oldest first,
+/// without applying any: what [`run_async`] would apply. It only reads; on a database that
+/// never ran a migration (no `__diesel_schema_migrations` table) it fails with the server's
+/// error.
+///
+/// ```
+/// # include!("doctest_setup.rs");
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel_async::{AsyncConnection, sync_connection_wrapper::SyncConnectionWrapper};
+/// use outbox_diesel::migrations;
+/// let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await?;
+/// assert!(migrations::unapplied_async(&mut conn).await.is_err()); // nothing ever ran
+/// migrations::run_async(&mut conn).await?;
+/// assert!(migrations::unapplied_async(&mut conn).await?.is_empty());
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn unapplied_async<C>(conn: &mut C) -> diesel::QueryResult<Vec<&'static str>>
+where
+    C: diesel_async::AsyncConnection<Backend: OutboxBackend>,
+{
+    <C::Backend as OutboxBackend>::unapplied_async(conn).await
+}
+
 #[cfg(any(
     feature = "postgres_backend",
     feature = "mysql_backend",
@@ -229,6 +256,31 @@ where
         done.push(m.version);
     }
     Ok(done)
+}
+
+#[cfg(all(
+    feature = "async",
+    any(
+        feature = "postgres_backend",
+        feature = "mysql_backend",
+        feature = "sqlite"
+    )
+))]
+pub(crate) async fn unapplied_async_impl<C>(
+    conn: &mut C,
+    migrations: &'static [Migration],
+) -> diesel::QueryResult<Vec<&'static str>>
+where
+    C: diesel_async::AsyncConnection<Backend: 'static>,
+    AppliedVersion: diesel::deserialize::QueryableByName<C::Backend>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    use diesel_async::RunQueryDsl;
+    let applied: Vec<AppliedVersion> = diesel::sql_query(APPLIED_SQL).load(conn).await?;
+    Ok(pending(migrations, &applied)
+        .into_iter()
+        .map(|m| m.version)
+        .collect())
 }
 
 #[cfg(test)]

@@ -462,5 +462,4 @@ pub fn default_relay_id() -> String {
 }
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;

@@ -5,11 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-#[path = "liveness.rs"]
 mod liveness;
-#[path = "settle.rs"]
 mod settle;
-#[path = "window.rs"]
 mod window;
 
 use super::stats::RelayStats;

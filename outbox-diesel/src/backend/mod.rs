@@ -141,6 +141,14 @@ pub trait OutboxBackend: Backend + private::Sealed {
         conn: &mut C,
     ) -> impl Future<Output = diesel::QueryResult<Vec<&'static str>>> + Send;
 
+    /// The versions of the outbox migrations not applied on `conn`'s database (see
+    /// [`crate::migrations::unapplied_async`]).
+    #[cfg(feature = "async")]
+    #[doc(hidden)]
+    fn unapplied_async<C: diesel_async::AsyncConnection<Backend = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = diesel::QueryResult<Vec<&'static str>>> + Send;
+
     /// Loads outbox rows with `sql` (a `SELECT` of [`crate::testing`]'s columns).
     #[cfg(feature = "testing")]
     #[doc(hidden)]
@@ -224,6 +232,13 @@ macro_rules! backend_ops {
             conn: &mut C,
         ) -> diesel::QueryResult<Vec<&'static str>> {
             crate::migrations::run_async_impl::<C>(conn, Self::MIGRATIONS).await
+        }
+
+        #[cfg(feature = "async")]
+        async fn unapplied_async<C: diesel_async::AsyncConnection<Backend = Self>>(
+            conn: &mut C,
+        ) -> diesel::QueryResult<Vec<&'static str>> {
+            crate::migrations::unapplied_async_impl::<C>(conn, Self::MIGRATIONS).await
         }
 
         #[cfg(feature = "testing")]

@@ -15,11 +15,8 @@
 //! path is SQLite, and a libpq keyword string (`host=… dbname=…`) is refused. No password is
 //! ever printed: every URL in a message or log line goes through [`outbox::redact::url`].
 
-#[path = "outbox/inputs.rs"]
 mod inputs;
-#[path = "outbox/ops.rs"]
 mod ops;
-#[path = "outbox/serve.rs"]
 mod serve;
 
 use std::process::ExitCode;
@@ -288,12 +285,6 @@ async fn sqlite_connection(path: &str) -> Result<SqliteAsync, Fatal> {
     })
 }
 
-#[derive(diesel::QueryableByName)]
-struct Version {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    version: String,
-}
-
 /// Fails with a clear instruction when the outbox tables are missing or not up to date.
 async fn check_migrated(url: &str) -> Result<(), Fatal> {
     check_migrated_on(url, false).await
@@ -303,10 +294,11 @@ async fn check_migrated(url: &str) -> Result<(), Fatal> {
 /// opened for it and the check runs in a transaction (nothing prepared is left on a server
 /// connection).
 async fn check_migrated_on(url: &str, pooled: bool) -> Result<(), Fatal> {
-    use diesel_async::{AsyncConnection, RunQueryDsl};
     let (backend, url) = backend_of(url)?;
-    let sql = "SELECT version FROM __diesel_schema_migrations";
-    let (found, wanted): (Result<Vec<Version>, _>, Vec<&str>) = match backend {
+    let all =
+        |list: &'static [outbox::migrations::Migration]| list.iter().map(|m| m.version).collect();
+    // A database where no migration ran has no migrations table: every one is missing.
+    let missing: Vec<&str> = match backend {
         Backend::Postgres => {
             let mut c = if pooled {
                 outbox::connect::postgres_pooled(&url).await
@@ -314,24 +306,17 @@ async fn check_migrated_on(url: &str, pooled: bool) -> Result<(), Fatal> {
                 outbox::connect::postgres(&url).await
             }
             .map_err(|e| Fatal(e.to_string()))?;
-            let wanted = outbox::migrations::list::<diesel::pg::Pg>()
-                .iter()
-                .map(|m| m.version)
-                .collect();
-            let found = c
-                .transaction(async |c| diesel::sql_query(sql).load(c).await)
-                .await;
-            (found, wanted)
+            c.transaction(async |c| outbox::migrations::unapplied_async(c).await)
+                .await
+                .unwrap_or_else(|_| all(outbox::migrations::list::<diesel::pg::Pg>()))
         }
         Backend::Mysql => {
             let mut c = outbox::connect::mysql(&url)
                 .await
                 .map_err(|e| Fatal(e.to_string()))?;
-            let wanted = outbox::migrations::list::<diesel::mysql::Mysql>()
-                .iter()
-                .map(|m| m.version)
-                .collect();
-            (diesel::sql_query(sql).load(&mut c).await, wanted)
+            outbox::migrations::unapplied_async(&mut c)
+                .await
+                .unwrap_or_else(|_| all(outbox::migrations::list::<diesel::mysql::Mysql>()))
         }
         Backend::Sqlite => {
             if !std::path::Path::new(&url).exists() {
@@ -341,20 +326,11 @@ async fn check_migrated_on(url: &str, pooled: bool) -> Result<(), Fatal> {
                 )));
             }
             let mut c = sqlite_connection(&url).await?;
-            let wanted = outbox::migrations::list::<diesel::sqlite::Sqlite>()
-                .iter()
-                .map(|m| m.version)
-                .collect();
-            (diesel::sql_query(sql).load(&mut c).await, wanted)
+            outbox::migrations::unapplied_async(&mut c)
+                .await
+                .unwrap_or_else(|_| all(outbox::migrations::list::<diesel::sqlite::Sqlite>()))
         }
     };
-    let found: Vec<String> = found
-        .map(|v| v.into_iter().map(|v| v.version).collect())
-        .unwrap_or_default();
-    let missing: Vec<&str> = wanted
-        .into_iter()
-        .filter(|w| !found.iter().any(|f| f == w))
-        .collect();
     if missing.is_empty() {
         Ok(())
     } else {
