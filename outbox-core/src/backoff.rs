@@ -22,6 +22,9 @@ pub struct Backoff {
     pub jitter: f64,
 }
 
+/// The shortest `initial` a [`Backoff`] may have.
+pub const MIN_DELAY: Duration = Duration::from_millis(1);
+
 /// The longest `initial` and `max` a [`Backoff`] may have: one day (longer waits gain nothing
 /// and would approach the limits of timers and SQL intervals).
 pub const MAX_DELAY: Duration = Duration::from_secs(24 * 3600);
@@ -86,12 +89,12 @@ impl Backoff {
     /// assert_eq!(shrinking.validate("backoff").unwrap_err().setting(), "backoff.multiplier");
     /// ```
     pub fn validate(&self, name: &str) -> Result<(), BackoffError> {
-        if self.initial < Duration::from_millis(1) || self.initial > MAX_DELAY {
+        if self.initial < MIN_DELAY || self.initial > MAX_DELAY {
             return Err(BackoffError::new(
                 name,
                 "initial",
                 format!(
-                    "must be between 1 ms and {MAX_DELAY:?}, got {:?}",
+                    "must be between {MIN_DELAY:?} and {MAX_DELAY:?}, got {:?}",
                     self.initial
                 ),
             ));

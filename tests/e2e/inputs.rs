@@ -87,13 +87,13 @@ fn bad_numbers_are_refused_naming_flag_and_variable() {
             "--lease",
             "OUTBOX_LEASE_MS",
             "9999999999",
-            "--lease / OUTBOX_LEASE_MS must be between 1000 and 86400000 ms, got 9999999999",
+            "--lease / OUTBOX_LEASE_MS must be between 100 and 86400000 ms, got 9999999999",
         ),
         (
             "--lease",
             "OUTBOX_LEASE_MS",
             "6393600000", // 74 days
-            "--lease / OUTBOX_LEASE_MS must be between 1000 and 86400000 ms, got 6393600000",
+            "--lease / OUTBOX_LEASE_MS must be between 100 and 86400000 ms, got 6393600000",
         ),
         (
             "--retention-hours",

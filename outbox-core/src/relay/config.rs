@@ -262,60 +262,49 @@ impl RelayConfig {
         if let Err(reason) = check_relay_id(&self.relay_id) {
             return Err(ConfigError::new("relay_id", format!("relay_id {reason}")));
         }
-        if self.batch_size == 0 || self.batch_size > 10_000 {
-            return Err(ConfigError::new(
-                "batch_size",
-                format!("batch_size must be 1 to 10000, not {}", self.batch_size),
-            ));
-        }
-        if self.lease < Duration::from_millis(100) || self.lease > MAX_LEASE {
-            return Err(ConfigError::new(
-                "lease",
+        use super::limits::{self, Limit};
+        /// `setting must be between <min> and <max>, got <value>` unless within `limit`.
+        fn check<T: PartialOrd + std::fmt::Debug>(
+            setting: &str,
+            value: T,
+            limit: Limit<T>,
+        ) -> Result<(), ConfigError> {
+            if limit.contains(&value) {
+                return Ok(());
+            }
+            Err(ConfigError::new(
+                setting,
                 format!(
-                    "lease must be between 100ms and {MAX_LEASE:?}, got {:?}",
-                    self.lease
+                    "{setting} must be between {:?} and {:?}, got {value:?}",
+                    limit.min, limit.max
                 ),
-            ));
+            ))
         }
-        if self.publish_timeout.is_zero() || self.publish_timeout >= self.lease {
+        check("batch_size", self.batch_size, limits::BATCH_SIZE)?;
+        check("lease", self.lease, limits::LEASE)?;
+        check(
+            "publish_timeout",
+            self.publish_timeout,
+            limits::PUBLISH_TIMEOUT,
+        )?;
+        if self.publish_timeout >= self.lease {
             return Err(ConfigError::new(
                 "publish_timeout",
                 format!(
-                    "publish_timeout ({:?}) must be above zero and shorter than lease ({:?})",
+                    "publish_timeout ({:?}) must be shorter than lease ({:?})",
                     self.publish_timeout, self.lease
                 ),
             ));
         }
-        if self.max_attempts == 0 {
-            return Err(ConfigError::new(
-                "max_attempts",
-                "max_attempts must be at least 1",
-            ));
-        }
-        if self.poll_interval.is_zero() || self.poll_interval > MAX_POLL_INTERVAL {
-            return Err(ConfigError::new(
-                "poll_interval",
-                format!(
-                    "poll_interval must be between 1ns and {MAX_POLL_INTERVAL:?}, got {:?}",
-                    self.poll_interval
-                ),
-            ));
-        }
+        check("max_attempts", self.max_attempts, limits::MAX_ATTEMPTS)?;
+        check("poll_interval", self.poll_interval, limits::POLL_INTERVAL)?;
         if self.max_in_flight_bytes == 0 {
             return Err(ConfigError::new(
                 "max_in_flight_bytes",
                 "max_in_flight_bytes must be at least 1".to_owned(),
             ));
         }
-        if self.max_in_flight == 0 || self.max_in_flight > MAX_IN_FLIGHT {
-            return Err(ConfigError::new(
-                "max_in_flight",
-                format!(
-                    "max_in_flight must be 1 to {MAX_IN_FLIGHT}, not {}",
-                    self.max_in_flight
-                ),
-            ));
-        }
+        check("max_in_flight", self.max_in_flight, limits::MAX_IN_FLIGHT)?;
         if self.wake_window > MAX_POLL_INTERVAL {
             return Err(ConfigError::new(
                 "wake_window",
@@ -342,21 +331,8 @@ impl RelayConfig {
                 .map_err(|e| ConfigError::new(e.setting(), e.to_string()))?;
         }
         if let Some(r) = &self.retention {
-            if r.keep < Duration::from_secs(1) || r.keep > MAX_RETENTION {
-                return Err(ConfigError::new(
-                    "retention.keep",
-                    format!(
-                        "retention.keep must be between 1s and {MAX_RETENTION:?} (ten years), got {:?}",
-                        r.keep
-                    ),
-                ));
-            }
-            if r.batch == 0 || r.batch > 100_000 {
-                return Err(ConfigError::new(
-                    "retention.batch",
-                    format!("retention.batch must be 1 to 100000, got {}", r.batch),
-                ));
-            }
+            check("retention.keep", r.keep, limits::RETENTION_KEEP)?;
+            check("retention.batch", r.batch, limits::RETENTION_BATCH)?;
             if r.every.is_zero() || r.every > MAX_LEASE {
                 return Err(ConfigError::new(
                     "retention.every",
@@ -380,7 +356,7 @@ impl RelayConfig {
 /// let config = RelayConfig { batch_size: 0, ..RelayConfig::default() };
 /// let err = config.validate().unwrap_err();
 /// assert_eq!(err.setting(), "batch_size");
-/// assert_eq!(err.to_string(), "batch_size must be 1 to 10000, not 0");
+/// assert_eq!(err.to_string(), "batch_size must be between 1 and 10000, got 0");
 /// // An error type like any other: `?` turns it into `anyhow::Error` or `Box<dyn Error>`.
 /// let boxed: Box<dyn std::error::Error + Send + Sync> = err.into();
 /// ```

@@ -13,6 +13,7 @@ mod config;
 mod engine;
 mod headers;
 mod health;
+pub mod limits;
 mod memory;
 mod metrics;
 mod publisher;

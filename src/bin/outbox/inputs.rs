@@ -7,11 +7,24 @@
 //! refused with one line that names the flag, its environment variable, the range and the
 //! value, rather than wrapped, clamped or left to fail later.
 
+use std::time::Duration;
+
+use outbox::relay::limits::{self, Limit};
+
 use super::{Fatal, RelayArgs};
 
-/// A day in milliseconds: the longest lease, message timeout and retry delay (the library's
-/// `MAX_LEASE`, which is also the longest backoff delay).
-const DAY_MS: u64 = outbox::relay::MAX_LEASE.as_millis() as u64;
+/// A limit of the library's table ([`outbox::relay::limits`]) in whole milliseconds.
+fn ms(limit: Limit<Duration>) -> (u64, u64) {
+    (
+        limit.min.as_millis().max(1) as u64,
+        limit.max.as_millis() as u64,
+    )
+}
+
+/// A count's limit as `u64`.
+fn count<T: Into<u64>>(limit: Limit<T>) -> (u64, u64) {
+    (limit.min.into(), limit.max.into())
+}
 
 /// `--flag / ENV must be between min and max unit, got value`, unless `value` is in range.
 fn in_range(flag_env: &str, value: u64, min: u64, max: u64, unit: &str) -> Result<(), Fatal> {
@@ -33,13 +46,15 @@ pub(crate) fn check_relay_args(args: &RelayArgs) -> Result<(), Fatal> {
                 .into(),
         ));
     }
+    let (min, max) = (limits::BATCH_SIZE.min as u64, limits::BATCH_SIZE.max as u64);
     in_range(
         "--batch-size / OUTBOX_BATCH_SIZE",
         args.batch_size as u64,
-        1,
-        10_000,
+        min,
+        max,
         "",
     )?;
+    // A setting of the PostgreSQL store, not of the relay's configuration.
     in_range(
         "--stream-read-ahead / OUTBOX_STREAM_READ_AHEAD",
         args.stream_read_ahead,
@@ -47,62 +62,65 @@ pub(crate) fn check_relay_args(args: &RelayArgs) -> Result<(), Fatal> {
         100_000,
         " rows",
     )?;
+    let (min, max) = (
+        limits::MAX_IN_FLIGHT.min as u64,
+        limits::MAX_IN_FLIGHT.max as u64,
+    );
     in_range(
         "--max-in-flight / OUTBOX_MAX_IN_FLIGHT",
         args.max_in_flight as u64,
-        1,
-        outbox::relay::MAX_IN_FLIGHT as u64,
+        min,
+        max,
         "",
     )?;
+    let (min, max) = ms(limits::POLL_INTERVAL);
     in_range(
         "--poll-interval / OUTBOX_POLL_INTERVAL_MS",
         args.poll_interval,
-        1,
-        3_600_000,
+        min,
+        max,
         " ms",
     )?;
-    in_range(
-        "--lease / OUTBOX_LEASE_MS",
-        args.lease,
-        1_000,
-        DAY_MS,
-        " ms",
-    )?;
+    let (min, max) = ms(limits::LEASE);
+    in_range("--lease / OUTBOX_LEASE_MS", args.lease, min, max, " ms")?;
+    let (min, max) = ms(limits::PUBLISH_TIMEOUT);
     in_range(
         "--message-timeout / OUTBOX_MESSAGE_TIMEOUT_MS",
         args.message_timeout,
-        1,
-        DAY_MS,
+        min,
+        max,
         " ms",
     )?;
+    let (min, max) = count(limits::MAX_ATTEMPTS);
     in_range(
         "--max-attempts / OUTBOX_MAX_ATTEMPTS",
         u64::from(args.max_attempts),
-        1,
-        1_000_000,
+        min,
+        max,
         "",
     )?;
+    let (min, max) = ms(limits::BACKOFF_DELAY);
     in_range(
         "--retry-initial / OUTBOX_RETRY_INITIAL_MS",
         args.retry_initial,
-        1,
-        DAY_MS,
+        min,
+        max,
         " ms",
     )?;
     in_range(
         "--retry-max / OUTBOX_RETRY_MAX_MS",
         args.retry_max,
         args.retry_initial,
-        DAY_MS,
+        max,
         " ms (at least --retry-initial / OUTBOX_RETRY_INITIAL_MS)",
     )?;
     if let Some(hours) = args.retention_hours {
-        // Ten years: `now() - retention` stays a valid time on every backend.
+        let keep = limits::RETENTION_KEEP;
         in_range(
             "--retention-hours / OUTBOX_RETENTION_HOURS",
             hours,
-            1,
-            87_600,
+            keep.min.as_secs().div_ceil(3_600),
+            keep.max.as_secs() / 3_600,
             " hours",
         )?;
     }
