@@ -165,7 +165,7 @@ pub use outbox_diesel::inbox;
 pub use outbox_core::catalog;
 
 /// Event schemas across releases (feature `schema`): a committed snapshot of every event
-/// version's JSON Schema and a breaking-change check; see the README's "Evolving events".
+/// version's JSON Schema and a breaking-change check; see `docs/evolving-events.md`.
 #[cfg(feature = "schema")]
 #[cfg_attr(docsrs, doc(cfg(feature = "schema")))]
 pub use outbox_core::schema;
@@ -302,7 +302,7 @@ pub use outbox_core::idempotent;
 
 /// The test kit (feature `testing`) for services that use the outbox: assertions on what a
 /// transaction wrote, a deterministic relay, redelivery harnesses for handlers and fault
-/// injection. See the README's "Testing a service that uses outbox".
+/// injection. See `docs/guide/testing-a-service.md`.
 ///
 /// - [`written`](testing::written), [`written_events`](testing::written_events) and
 ///   [`assert_written!`](testing::assert_written): the events a transaction wrote, no broker.

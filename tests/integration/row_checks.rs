@@ -252,7 +252,8 @@ where
     }
 }
 
-/// The README's INSERT: only the event's own columns.
+/// The INSERT of `docs/relaying.md` ("Events from other programs"): the event's own
+/// columns only.
 const FOREIGN_INSERT: &str = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, event_version, payload) \
      VALUES ('order', '42', 'OrderPlaced', 1, '{\"total_cents\": 1250}')";
 

@@ -371,7 +371,7 @@ pub async fn cleanup_timing<B: Backend>(insert: &str) {
     assert_eq!(n, 1_000_000);
     // Each statement costs what its batch costs, not what the table holds: a statement that
     // scanned the million rows would take seconds every time. The median says that; the
-    // slowest statement, printed above and quoted in the README from a run on an idle
+    // slowest statement, printed above and quoted in `docs/operating.md` from a run on an idle
     // machine, also carries the machine's stalls (1.1–1.2 s on MariaDB, median 0.13 s, while
     // the test command's other tests and compilers ran beside it), which no bound here can
     // tell from a slow statement.

@@ -12,10 +12,10 @@ use outbox::relay::{
 
 use crate::backends::Backend;
 
-/// The README's INSERT, for `aggregates` orders × `per` events, interleaved, one statement
-/// per event (as separate programs would write them), then relayed by one sharded relay per
-/// id in `relay_ids` through a broker that fails one publish in seven. Returns each relay's
-/// counters.
+/// The INSERT of `docs/relaying.md` ("Events from other programs"), for `aggregates` orders
+/// × `per` events, interleaved, one statement per event (as separate programs would write
+/// them), then relayed by one sharded relay per id in `relay_ids` through a broker that
+/// fails one publish in seven. Returns each relay's counters.
 pub async fn foreign_inserts_are_relayed_in_order<B: Backend>(
     relay_ids: &[String],
 ) -> Vec<Arc<RelayStats>> {

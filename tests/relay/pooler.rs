@@ -159,9 +159,10 @@ async fn stream_relays_and_writers_through_pgbouncer() {
     through_pgbouncer(Mode::Stream, 10, 200).await;
 }
 
-/// Writers on diesel-async through PgBouncer, as the README says to set them up (opened by
-/// `connect::postgres_pooled`, statement cache off, statements inside transactions), beside
-/// a relay behind the same pooler: every event written and published once, in order.
+/// Writers on diesel-async through PgBouncer, as `docs/production.md` says to set them up
+/// (opened by `connect::postgres_pooled`, statement cache off, statements inside
+/// transactions), beside a relay behind the same pooler: every event written and published
+/// once, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_writers_through_pgbouncer() {
     use diesel_async::AsyncConnection;

@@ -1211,7 +1211,7 @@ pub(crate) fn aggregates_left(conn: &mut PgConnection) -> Vec<(String, i64)> {
     .collect()
 }
 
-/// An operator's replay and retry after a switch from `sharded` to `stream` (as the README
+/// An operator's replay and retry after a switch from `sharded` to `stream` (as `docs/relaying.md`
 /// allows): 20 events published by a sharded relay, 20 more by a stream relay; `replay` of
 /// everything makes the stream relay publish all 40 again (the stream never reads a row its
 /// positions passed, so they go through its release, in order per aggregate); a dead row

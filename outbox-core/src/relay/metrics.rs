@@ -3,7 +3,7 @@
 //! Without a recorder each is a no-op.
 
 /// Every metric the relay and the consumer runtime record, with its kind and help text:
-/// `(name, kind, help)`. The README's table lists the same.
+/// `(name, kind, help)`. The table in `docs/operating.md` ("Metrics and probes") lists the same.
 pub const METRICS: &[(&str, &str, &str)] = &[
     ("outbox_relay_claimed_total", "counter", "Rows claimed."),
     (

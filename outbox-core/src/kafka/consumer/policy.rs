@@ -44,7 +44,7 @@ pub enum UndecodablePolicy {
 ///
 /// A topic carries every event type of its aggregate, and a consumer handles those it needs:
 /// a second service, or a producer deployed with a new event type before its consumers
-/// (see the README's rolling deploys).
+/// (see `docs/evolving-events.md`, "Rolling deploys").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum UnhandledPolicy {
