@@ -199,6 +199,49 @@ enum Backend {
     Sqlite,
 }
 
+/// Runs `$body` with `$conn` bound to a new connection to `$url` on `$backend`: the one place
+/// the command line opens a database connection (PostgreSQL through
+/// [`outbox::connect::postgres`], or [`outbox::connect::postgres_pooled`] when `$pooled`;
+/// MySQL/MariaDB through [`outbox::connect::mysql`]; SQLite as diesel-async's wrapper). If the
+/// connection cannot be opened, `$on_error` runs with `$error` bound to the message (one
+/// line, no password).
+macro_rules! with_connection {
+    ($backend:expr, $url:expr, $pooled:expr, |$conn:ident| $body:expr, |$error:ident| $on_error:expr) => {{
+        let url: &str = $url;
+        match $backend {
+            $crate::Backend::Postgres => {
+                let opened = if $pooled {
+                    outbox::connect::postgres_pooled(url).await
+                } else {
+                    outbox::connect::postgres(url).await
+                };
+                match opened {
+                    Ok($conn) => $body,
+                    Err(e) => {
+                        let $error = e.to_string();
+                        $on_error
+                    }
+                }
+            }
+            $crate::Backend::Mysql => match outbox::connect::mysql(url).await {
+                Ok($conn) => $body,
+                Err(e) => {
+                    let $error = e.to_string();
+                    $on_error
+                }
+            },
+            $crate::Backend::Sqlite => match $crate::sqlite_connection(url).await {
+                Ok($conn) => $body,
+                Err($crate::Fatal(e)) => {
+                    let $error = e;
+                    $on_error
+                }
+            },
+        }
+    }};
+}
+pub(crate) use with_connection;
+
 /// The backend a URL names, and the URL to give it. The one place that maps a URL to a
 /// backend: `postgres://`/`postgresql://`, `mysql://`/`mariadb://`, `sqlite://` (or `file://`);
 /// without a scheme, SQLite for what looks like a file path (`:memory:`, an existing file, a
@@ -252,24 +295,16 @@ fn describe(url: &str) -> String {
 
 async fn migrate(url: &str) -> Result<Vec<&'static str>, Fatal> {
     let (backend, url) = backend_of(url)?;
-    let applied = match backend {
-        Backend::Postgres => {
-            let mut c = outbox::connect::postgres(&url)
-                .await
-                .map_err(|e| Fatal(e.to_string()))?;
+    let applied = with_connection!(
+        backend,
+        &url,
+        false,
+        |c| {
+            let mut c = c;
             outbox::migrations::run_async(&mut c).await?
-        }
-        Backend::Mysql => {
-            let mut c = outbox::connect::mysql(&url)
-                .await
-                .map_err(|e| Fatal(e.to_string()))?;
-            outbox::migrations::run_async(&mut c).await?
-        }
-        Backend::Sqlite => {
-            let mut c = sqlite_connection(&url).await?;
-            outbox::migrations::run_async(&mut c).await?
-        }
-    };
+        },
+        |e| return Err(Fatal(e))
+    );
     Ok(applied)
 }
 
@@ -294,43 +329,37 @@ async fn check_migrated(url: &str) -> Result<(), Fatal> {
 /// opened for it and the check runs in a transaction (nothing prepared is left on a server
 /// connection).
 async fn check_migrated_on(url: &str, pooled: bool) -> Result<(), Fatal> {
+    use diesel_async::AsyncConnection;
     let (backend, url) = backend_of(url)?;
-    let all =
-        |list: &'static [outbox::migrations::Migration]| list.iter().map(|m| m.version).collect();
-    // A database where no migration ran has no migrations table: every one is missing.
-    let missing: Vec<&str> = match backend {
-        Backend::Postgres => {
-            let mut c = if pooled {
-                outbox::connect::postgres_pooled(&url).await
-            } else {
-                outbox::connect::postgres(&url).await
-            }
-            .map_err(|e| Fatal(e.to_string()))?;
+    if backend == Backend::Sqlite && !std::path::Path::new(&url).exists() {
+        let url = describe(&url);
+        return Err(Fatal(format!(
+            "the SQLite database `{url}` does not exist: run `outbox migrate --database-url {url}` first"
+        )));
+    }
+    let all = |list: &'static [outbox::migrations::Migration]| -> Vec<&'static str> {
+        list.iter().map(|m| m.version).collect()
+    };
+    let every = match backend {
+        Backend::Postgres => all(outbox::migrations::list::<diesel::pg::Pg>()),
+        Backend::Mysql => all(outbox::migrations::list::<diesel::mysql::Mysql>()),
+        Backend::Sqlite => all(outbox::migrations::list::<diesel::sqlite::Sqlite>()),
+    };
+    // In a transaction: behind a pooler in transaction mode, nothing prepared is left on a
+    // server connection. A database where no migration ran has no migrations table: every
+    // one is missing.
+    let missing: Vec<&str> = with_connection!(
+        backend,
+        &url,
+        pooled,
+        |c| {
+            let mut c = c;
             c.transaction(async |c| outbox::migrations::unapplied_async(c).await)
                 .await
-                .unwrap_or_else(|_| all(outbox::migrations::list::<diesel::pg::Pg>()))
-        }
-        Backend::Mysql => {
-            let mut c = outbox::connect::mysql(&url)
-                .await
-                .map_err(|e| Fatal(e.to_string()))?;
-            outbox::migrations::unapplied_async(&mut c)
-                .await
-                .unwrap_or_else(|_| all(outbox::migrations::list::<diesel::mysql::Mysql>()))
-        }
-        Backend::Sqlite => {
-            if !std::path::Path::new(&url).exists() {
-                let url = describe(&url);
-                return Err(Fatal(format!(
-                    "the SQLite database `{url}` does not exist: run `outbox migrate --database-url {url}` first"
-                )));
-            }
-            let mut c = sqlite_connection(&url).await?;
-            outbox::migrations::unapplied_async(&mut c)
-                .await
-                .unwrap_or_else(|_| all(outbox::migrations::list::<diesel::sqlite::Sqlite>()))
-        }
-    };
+                .unwrap_or(every)
+        },
+        |e| return Err(Fatal(e))
+    );
     if missing.is_empty() {
         Ok(())
     } else {

@@ -13,7 +13,7 @@ use outbox::relay::admin::{
     Admin, DEFAULT_CLEANUP_BATCH, DEFAULT_REPLAY_BATCH, DeadLetter, Filter, Status,
 };
 
-use super::{Backend, Fatal, backend_of, check_migrated, describe, sqlite_connection};
+use super::{Backend, Fatal, backend_of, check_migrated, describe, with_connection};
 
 /// Exit status of a destructive command run without `--yes`.
 const NOT_CONFIRMED: u8 = 2;
@@ -187,27 +187,16 @@ macro_rules! with_admin {
         let url: &str = $url;
         check_migrated(url).await?;
         let (backend, url) = backend_of(url)?;
-        match backend {
-            Backend::Postgres => {
-                let c = outbox::connect::postgres(&url)
-                    .await
-                    .map_err(|e| Fatal(e.to_string()))?;
+        with_connection!(
+            backend,
+            &url,
+            false,
+            |c| {
                 let mut $admin = Admin::new(c);
                 $body
-            }
-            Backend::Mysql => {
-                let c = outbox::connect::mysql(&url)
-                    .await
-                    .map_err(|e| Fatal(e.to_string()))?;
-                let mut $admin = Admin::new(c);
-                $body
-            }
-            Backend::Sqlite => {
-                let c = sqlite_connection(&url).await?;
-                let mut $admin = Admin::new(c);
-                $body
-            }
-        }
+            },
+            |e| return Err(Fatal(e))
+        )
     }};
 }
 
@@ -450,14 +439,7 @@ pub async fn replay(args: ReplayArgs) -> Result<ExitCode, Fatal> {
 /// `outbox partition`: PostgreSQL only.
 pub async fn partition(args: PartitionArgs) -> Result<ExitCode, Fatal> {
     crate::inputs::check_ring(args.slots, args.slot_xids)?;
-    check_migrated(&args.database_url).await?;
-    let (backend, url) = backend_of(&args.database_url)?;
-    if !matches!(backend, Backend::Postgres) {
-        return Err(Fatal(format!(
-            "outbox partition: the partition ring is for stream mode, on PostgreSQL only; {} is not",
-            describe(&url)
-        )));
-    }
+    let mut admin = pg_admin(&args.database_url, "partition").await?;
     if !args.yes {
         return Ok(not_confirmed(format!(
             "would convert outbox_events into {} partitions of {} transaction ids each, copying \
@@ -465,12 +447,7 @@ pub async fn partition(args: PartitionArgs) -> Result<ExitCode, Fatal> {
             args.slots, args.slot_xids
         )));
     }
-    let c = outbox::connect::postgres(&url)
-        .await
-        .map_err(|e| Fatal(e.to_string()))?;
-    let copied = Admin::new(c)
-        .partition_events(args.slots, args.slot_xids)
-        .await?;
+    let copied = admin.partition_events(args.slots, args.slot_xids).await?;
     println!(
         "outbox_events is now {} partitions of {} transaction ids each ({copied} rows copied); \
          retention empties them with TRUNCATE",
@@ -489,7 +466,7 @@ async fn pg_admin(
     let (backend, url) = backend_of(database_url)?;
     if !matches!(backend, Backend::Postgres) {
         return Err(Fatal(format!(
-            "outbox {what}: stream mode is PostgreSQL only; {} is not",
+            "outbox {what}: stream mode runs on PostgreSQL only; {} is not",
             describe(&url)
         )));
     }

@@ -25,7 +25,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use super::{Backend, Fatal, sqlite_connection};
+use super::{Backend, Fatal, with_connection};
 
 /// How often the backlog gauges are sampled: counts of the pending and dead rows, so not per
 /// batch.
@@ -227,20 +227,13 @@ async fn answer(mut conn: tokio::net::TcpStream, probes: Probes) -> std::io::Res
 async fn sample_backlog(backend: Backend, url: String) {
     let mut failing = Streak::default();
     loop {
-        let error = match backend {
-            Backend::Postgres => match outbox::connect::postgres(&url).await {
-                Ok(c) => sample(c, &mut failing).await,
-                Err(e) => e.to_string(),
-            },
-            Backend::Mysql => match outbox::connect::mysql(&url).await {
-                Ok(c) => sample(c, &mut failing).await,
-                Err(e) => e.to_string(),
-            },
-            Backend::Sqlite => match sqlite_connection(&url).await {
-                Ok(c) => sample(c, &mut failing).await,
-                Err(Fatal(e)) => e,
-            },
-        };
+        let error = with_connection!(
+            backend,
+            &url,
+            false,
+            |c| sample(c, &mut failing).await,
+            |e| e
+        );
         if failing.failed() {
             tracing::warn!(
                 error = %error,
