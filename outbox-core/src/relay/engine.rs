@@ -130,30 +130,9 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         // Until then, an empty claim is retried every `WAKE_RECHECK` (see `wake_window`).
         let mut wake_until = Instant::now();
         self.stats.active.store(active, Ordering::Relaxed);
-        // Every mode but stream: a stream batch's settle moves the position its next claim
-        // starts from. Unordered mode measured (`outbox-bench --quick --only drain`, null
-        // publisher, three runs of each binary interleaved on the shared server, medians, new
-        // / old): 1.23x with one relay at batch 100 and 1.32x at 1,000, 0.94x and 0.96x with
-        // two. The ordered modes measured 0.92-1.00x with one relay and 0.77-0.85x with two
-        // until their claims were told which rows the settle beside marks published
-        // (`Claim::settling`): before, a claim made while the last batch was being settled
-        // found that batch's aggregates leased, so its head-of-line window was all blocked and
-        // it took the slower walk. With it (the same bench on its private cluster, binaries
-        // settling between claims and beside them interleaved, six runs each, batch 1,000):
-        // one sharded relay 36,831-45,014 -> 52,193-66,172 events/s to the null publisher and
-        // 29,469-42,853 -> 42,728-56,991 to Kafka; leader mode 31,341-49,007 -> 51,771-62,653.
-        // But two sharded relays settling beside always lost to the null publisher (four runs):
-        // 34,501-47,202 -> 29,162-34,312 at batch 100, 57,383-80,026 -> 52,766-58,423 at 1,000.
-        // The server's log showed why: their two claim streams kept its two cores busy already
-        // (1.7 cores of postgres CPU one batch at a time), so a settle beside each claim only
-        // doubled every statement's time (a claim of 1,000: 7.0 -> 17.0 ms) and the array of
-        // rows being marked added planning. So an ordered relay settles beside its claims while
-        // it works alone: the leader, or a sharded relay whose last rebalance found no other
-        // live one (`alone`, renewed with the ownership every liveness interval; relays
-        // started together may each count themselves alone until then). Else it settles
-        // between its claims. With that rule (two runs): two sharded relays 41,072-41,319 at
-        // batch 100 and 58,178-60,415 at 1,000 to the null publisher, 55,882-57,283 to Kafka
-        // (33,863-52,356 settling between claims).
+        // Every mode but stream settles beside its claims (a stream batch's settle moves the
+        // position its next claim starts from); an ordered relay only while it works alone
+        // (see `Beside`). Measured: `docs/design/relay-loop.md`.
         if self.config.mode != Mode::Stream {
             self.beside = self
                 .store

@@ -7,40 +7,9 @@ pub const NOTIFY_CHANNEL: &str = "outbox_events";
 /// generic plan while the table was empty can keep a sequential-scan plan after the table
 /// fills (measured: claims of 80–100 s); custom plans are re-planned with the real values.
 ///
-/// **What custom plans cost, and why the generic plan is still not used.** Planning is a
-/// third of the ordered claim at batch 100: measured with `psql` (`EXPLAIN (ANALYZE,
-/// SUMMARY)` of the prepared claim in rolled-back transactions, 20,000 rows over 1,000
-/// aggregates of which the first 5,000 published, `jit = off`), a custom plan took 0.38–0.47 ms
-/// of planning for 0.65–0.84 ms of execution at batch 100 (0.57–0.64 ms for 4.9–5.3 ms at
-/// batch 1,000), the generic plan 0.02 ms for the same execution. In the benchmark's drain
-/// (`outbox-bench --quick --only drain --kafka "" --mysql ""`, two binaries run alternately,
-/// two runs each) generic plans took the sharded and leader relays at batch 100 from 74–83 %
-/// of their run's SQL ceiling to 86–100 % (one relay) and from 66–85 % to 79–97 % (two). But a
-/// generic plan is made once, on the table as it is then, and a relay's table is often empty:
-/// - planned on the empty outbox, every scan of the ordered claim was sequential, the
-///   head-of-line checks too (a scan of the table per candidate), and its first claim of 100
-///   after 100,000 rows arrived had not finished after 10 minutes;
-/// - with `enable_seqscan`, `enable_bitmapscan` and `enable_sort` off (which keep the batch's
-///   scans on the pending index: 0.84 ms for that claim), the planner still costs every index
-///   of an empty table alike but for its quals, so the checks' lookups by aggregate took the
-///   index with the fewest usable quals: the walk over an aggregate's earlier rows used
-///   `outbox_events_pending_shard` or `outbox_events_pending` (a scan of every pending row
-///   before the candidate) and the dead-letter check the primary key, where only
-///   `outbox_events_pending_aggregate` and `outbox_events_dead_aggregate` are bounded. Forcing
-///   those with an `ORDER BY` the index alone provides needs row comparisons (an equality on
-///   the aggregate makes the order redundant), and PostgreSQL 15 stops a row-comparison scan
-///   only on its first column: 14 ms a claim of 100 instead of 1 ms.
-///
-/// Custom plans make the same choice for the walk where the table has no column statistics
-/// (never analysed: a fresh install before autovacuum's first `ANALYZE`, or a server without
-/// autovacuum): the planner's default selectivities put `outbox_events_pending` first there
-/// too, measured at 8.7–10.4 ms against 7.5–8.0 ms after `ANALYZE` for a claim of 1,000 on
-/// 100,000 rows with 1 % of them leased. The test
-/// `claims_keep_their_indexes_while_the_table_fills` checks plans once the table has been
-/// analysed; a phase running the plans made on the empty table on 100,000 rows before any
-/// `ANALYZE` fails on the walk's index with either kind of plan. Left to try: a walk whose index does not depend on
-/// statistics, then generic plans made again whenever the relay turns from idle to busy
-/// (`DISCARD PLANS`).
+/// Generic plans would save a third of a claim at batch 100, but a plan made on an empty
+/// table keeps scans no full table can afford; what was measured, and what is left to try:
+/// `docs/design/postgres-claims.md`.
 ///
 /// `jit = off`: the ordered claim's estimated cost (its `LIMIT` over a filtered scan with two
 /// subqueries per candidate) is far above `jit_above_cost`, so PostgreSQL compiled it with
@@ -148,29 +117,8 @@ pub const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
 /// walk alone steps over every unblocked earlier row of the candidate's aggregate, which are
 /// candidates of the same claim: quadratic in one aggregate's rows per batch.
 ///
-/// Measured on a private PostgreSQL 15 cluster with its defaults (`initdb`, as the benchmark's
-/// drain section), batch 1,000, `jit = off`, custom plans, the median of 11–21 executions
-/// each (`EXPLAIN (ANALYZE, TIMING OFF)` in rolled-back transactions, interleaved), 20,000
-/// rows over 1,000 aggregates of which the first 5,000 published (a drain under way): sharded
-/// claim 10.1 ms (the walk) → 5.8 ms, leader 11.0 → 5.5 ms, the unordered claim 4.7 ms; batch
-/// 100: 1.42 → 1.16 ms against 0.58. Buffers of the sharded claim on the fresh table: 9,138 →
-/// 5,201 (unordered 6,187). One aggregate holding the first 1,000 of 20,000 rows: 170 ms →
-/// 9.4 ms per claim (unordered 6.2 ms), the candidates' scan 22,880 → 1,111 buffers (the test
-/// `one_aggregate_claims_in_linear_reads` asserts that its reads grow with the batch). The
-/// window alone, without the "nothing in `b` is blocked" shortcut, took 8.3 ms on the drain.
-///
-/// The benchmark's drain (`outbox-bench --quick --only drain --mysql "" --kafka ""`, null
-/// publisher, 20,000 events over 1,000 aggregates), the binaries before and after run back to
-/// back twice on a machine other work loaded heavily (the SQL ceiling moved 12,000–34,000
-/// events/s at batch 100 between runs, the unordered relay 61–115 % of it): sharded and leader
-/// at batch 100/1,000 with 1 and 2 relays, as % of their run's ceiling, were 35–65 % before
-/// and 69–89 % after in the first pair (better in 8 of 8), 40–85 % and 59–102 % in the second
-/// (better in 5 of 8). The claims' medians above are the steadier figure. The relay's own
-/// timings put the rest of the gap in the database too: with a null publisher a relay of any
-/// mode alternates claims and marks on its connection (claim / mark: unordered 41 / 58 %,
-/// sharded 52 / 45 % before, 42 / 55 % after at batch 1,000), and with an event of every
-/// aggregate in every batch an ordered claim beside the batch in flight would find nothing,
-/// so the `Overlap` rule's first 32 claims one batch at a time cost nothing here.
+/// What the window gained over the walk alone, per claim and in the drain:
+/// `docs/design/postgres-claims.md`.
 ///
 /// The dead-letter check probes the small `outbox_events_dead_aggregate` per candidate only
 /// while a dead letter exists (an uncorrelated `NOT EXISTS`, evaluated once per claim): 2,000

@@ -272,44 +272,8 @@ pub const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
 /// without it the relays published other partitions' rows in place of the batch's, found by
 /// the randomized test over rotating partitions).
 ///
-/// Measured (`EXPLAIN (ANALYZE, BUFFERS)`, PostgreSQL 15.20 on the shared test server, 100,000
-/// events, 1,000 aggregates over all 256 shards, one relay holding every shard, batch 1,000).
-/// The prepared statement, `plan_cache_mode = force_custom_plan`, `jit = off` (the relay's
-/// session), after `VACUUM ANALYZE`:
-/// - steady state, 1,000 rows committed since the positions, 100,000 consumed before them:
-///   17.4 ms, 4,499 shared buffers (the `(shard, xid)` scans read the 1,000 new rows only, 4
-///   a shard; then 1,000 primary-key lookups for the payloads);
-/// - nothing committed since the positions: 3.5 ms, 512 buffers (256 empty index scans);
-/// - a backlog of 100,000 rows written by one transaction (one delta that cannot be split:
-///   391 rows a shard): 382 ms and 450 ms, 100,527 buffers and a 2.5 MB external sort for the
-///   window count: every claim reads the whole rest of each shard's delta (its rows are in
-///   xid order in the index and must be sorted by seq), so draining a delta of D rows in
-///   batches of B costs about D / B claims of O(D) each. Only a transaction that wrote many
-///   rows gives such a delta now: the positions bound every new delta (see [`POSITIONS`]);
-/// - a backlog of 100,000 rows written by 1,000 transactions of 100 (a relay starting after
-///   a pause), bounded: [`POSITIONS`] 2.7 ms (1,284 buffers), this statement 4.8 ms and
-///   4.9 ms (4,778 buffers, 1,000 rows, 4 a shard). Before the bound (the current snapshot
-///   as the delta's end) it was the case above: 0.4 s a claim.
-///
-/// Command: the `CANDIDATES` and `POSITIONS` texts run with `psql` (`PREPARE`, then
-/// `EXPLAIN (ANALYZE, BUFFERS) EXECUTE` with the positions' arrays from `\gset`) on a
-/// fresh database with every migration, 100,000 `INSERT ... SELECT generate_series` rows
-/// and one relay's lease on all 256 shards.
-///
-/// **Why stream mode loses at batch 100** (the benchmark: 32–50 % of the SQL ceiling, against
-/// 150 % at batch 1,000): a claim's cost follows the shards the relay holds, not the batch.
-/// Measured the same way (PostgreSQL 15 on the shared test server, 20,000 rows written 1,000 a
-/// transaction over 1,000 aggregates, every shard held, the first delta, three executions
-/// each): this statement read 1,615 shared buffers for 100 rows and 2,587 for 1,000, in
-/// 1.5–1.8 ms against 2.6–5.2 ms; 1,512 of the 1,615 are the 256 shards' index descents,
-/// one a shard whatever the batch. [`POSITIONS`] adds 1.1–2.0 ms and 522 buffers a claim,
-/// its 256 lateral probes, at either batch size. So a claim of 100 costs about as much as
-/// a claim of 1,000 (one writer's transaction spans every shard, so its delta cannot be
-/// split below 1,000 rows and is read again by each of its ten claims). What would lift it:
-/// one range scan over the xid range of all held shards instead of one a shard (positions
-/// that move together, as one relay's do), or serving the rest of a delta already read
-/// from memory while the positions it was read at are still the ones `ADVANCE` fences on.
-/// The second is built: see the module's notes on reading ahead.
+/// What a claim costs in the steady state, on a backlog and at batch 100, measured:
+/// `docs/design/stream-mode.md`.
 pub const CANDIDATES: &str = "WITH cand AS ( \
      SELECT c.rel, c.tid, c.seq, c.shard, count(*) OVER (PARTITION BY c.shard) AS shard_rows \
      FROM unnest($1::smallint[], $2::text[], $3::text[], $4::int8[]) AS p(shard, last_snap, cur_snap, cur_seq) \
