@@ -242,12 +242,10 @@ where
     AppliedVersion: diesel::deserialize::QueryableByName<C::Backend>,
     diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
 {
-    use diesel_async::RunQueryDsl;
     conn.batch_execute(diesel::migration::CREATE_MIGRATIONS_TABLE)
         .await?;
-    let applied: Vec<AppliedVersion> = diesel::sql_query(APPLIED_SQL).load(conn).await?;
     let mut done = Vec::new();
-    for m in pending(migrations, &applied) {
+    for m in pending_async(conn, migrations).await? {
         conn.transaction(async |conn| {
             conn.batch_execute(m.up).await?;
             conn.batch_execute(&record_sql(m.version)).await
@@ -266,10 +264,12 @@ where
         feature = "sqlite"
     )
 ))]
-pub(crate) async fn unapplied_async_impl<C>(
+/// The migrations of `migrations` not recorded as applied on `conn`'s database (it only reads;
+/// an error where the migrations table does not exist).
+pub(crate) async fn pending_async<C>(
     conn: &mut C,
     migrations: &'static [Migration],
-) -> diesel::QueryResult<Vec<&'static str>>
+) -> diesel::QueryResult<Vec<&'static Migration>>
 where
     C: diesel_async::AsyncConnection<Backend: 'static>,
     AppliedVersion: diesel::deserialize::QueryableByName<C::Backend>,
@@ -277,10 +277,7 @@ where
 {
     use diesel_async::RunQueryDsl;
     let applied: Vec<AppliedVersion> = diesel::sql_query(APPLIED_SQL).load(conn).await?;
-    Ok(pending(migrations, &applied)
-        .into_iter()
-        .map(|m| m.version)
-        .collect())
+    Ok(pending(migrations, &applied))
 }
 
 #[cfg(test)]

@@ -238,7 +238,8 @@ macro_rules! backend_ops {
         async fn unapplied_async<C: diesel_async::AsyncConnection<Backend = Self>>(
             conn: &mut C,
         ) -> diesel::QueryResult<Vec<&'static str>> {
-            crate::migrations::unapplied_async_impl::<C>(conn, Self::MIGRATIONS).await
+            let pending = crate::migrations::pending_async::<C>(conn, Self::MIGRATIONS).await?;
+            Ok(pending.into_iter().map(|m| m.version).collect())
         }
 
         #[cfg(feature = "testing")]
