@@ -1,5 +1,6 @@
 //! The relay loop.
 
+use std::ops::ControlFlow;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,8 +12,8 @@ mod window;
 
 use super::stats::RelayStats;
 use super::{Claim, ConfigError, Mode, Publisher, RelayConfig, RelayState, RelayStore};
-use settle::{Beside, Settle};
-use window::{InFlight, Overlap, Window};
+use settle::{Beside, Until};
+use window::{Overlap, Window};
 
 use crate::backoff::SplitMix;
 
@@ -117,18 +118,43 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
     /// next claim), else between its claims.
     pub async fn run(mut self, shutdown: impl Future<Output = ()> + Send) {
         let mut shutdown = pin!(shutdown);
-        let mut stopping = false;
-        let mut outage = 0u32;
-        let mut next_ownership = Instant::now();
-        let mut active = self.config.mode == Mode::Unordered;
-        let mut next_cleanup = Instant::now();
-        let mut next_liveness = Instant::now();
-        // Consecutive outage waits for the broker (0: the broker is fine).
-        let mut broker_outage = 0u32;
-        let mut window = Window::default();
-        let mut overlap = Overlap::default();
-        // Until then, an empty claim is retried every `WAKE_RECHECK` (see `wake_window`).
-        let mut wake_until = Instant::now();
+        let mut cycle = self.start();
+        loop {
+            if asked(&mut shutdown).await {
+                break;
+            }
+            let next = match self.before_claim(&mut cycle).await {
+                ControlFlow::Break(next) => next,
+                // Settling may have waited for a publish: nothing is claimed once shutdown
+                // was asked for.
+                ControlFlow::Continue(()) if asked(&mut shutdown).await => break,
+                ControlFlow::Continue(()) => self.claim_and_publish(&mut cycle).await,
+            };
+            let stopped = match next {
+                Next::Now => false,
+                Next::Sleep(wait) => stop_or(&mut shutdown, tokio::time::sleep(wait)).await,
+                Next::Work(wait) => {
+                    let since = Instant::now();
+                    let stopped = stop_or(&mut shutdown, self.store.wait_for_work(wait)).await;
+                    // Woken before the poll interval (a notification): writers notify at most
+                    // once per throttle interval, so the commits that follow this one within
+                    // it wake nobody; look for them every few ms.
+                    if !stopped && wait == self.config.poll_interval && since.elapsed() < wait {
+                        cycle.wake_until = Instant::now() + self.config.wake_window;
+                    }
+                    stopped
+                }
+            };
+            if stopped {
+                break;
+            }
+        }
+        self.shut_down(&mut cycle).await;
+    }
+
+    /// The loop's state at start, and the settler set up where the mode settles beside.
+    fn start(&mut self) -> Cycle {
+        let active = self.config.mode == Mode::Unordered;
         self.stats.active.store(active, Ordering::Relaxed);
         // Every mode but stream settles beside its claims (a stream batch's settle moves the
         // position its next claim starts from); an ordered relay only while it works alone
@@ -140,232 +166,237 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
                 .map(|store| Beside::new(store, &self.config, self.stats.clone()));
         }
         tracing::info!(relay = %self.config.relay_id, mode = ?self.config.mode, "relay started");
+        let now = Instant::now();
+        Cycle {
+            outage: 0,
+            broker_outage: 0,
+            active,
+            next_ownership: now,
+            next_cleanup: now,
+            next_liveness: now,
+            wake_until: now,
+            window: Window::default(),
+            overlap: Overlap::default(),
+        }
+    }
 
-        while !stopping {
-            if asked(&mut shutdown).await {
-                stopping = true;
-                continue;
-            }
+    /// The work of a turn before its claim: make room in the window, report liveness, renew
+    /// ownership, delete past retention and, ordered, settle what must go before the claim.
+    /// Breaks with what to do instead of claiming.
+    async fn before_claim(&mut self, cycle: &mut Cycle) -> ControlFlow<Next> {
+        self.make_room(cycle).await?;
+        self.report_liveness(cycle).await;
+        self.own(cycle).await?;
+        self.clean_up(cycle).await;
+        // Ordered modes: claim beside the batches in flight only while that finds rows (see
+        // `Overlap`); else settle them first. The last one's settle may still run on the
+        // settler: the claim treats the rows it marks published as published.
+        if self.config.mode != Mode::Unordered
+            && !cycle.overlap.allowed()
+            && !cycle.window.is_empty()
+            && let Some(wait) = self.settle_ready(cycle, Until::Published).await
+        {
+            return ControlFlow::Break(Next::Sleep(wait));
+        }
+        ControlFlow::Continue(())
+    }
 
-            // Settle the batches whose publish has finished, oldest first, and make room in a
-            // full window. After a broker outage the relay probes with one batch at a time.
-            // Stream mode: one batch in flight. A batch's position is the start of the next
-            // one's, so the next claim waits for this one's settle (see `ClaimOrder::Stream`).
-            let limit = if broker_outage > 0 || self.config.mode == Mode::Stream {
-                1
-            } else {
-                self.config.max_in_flight
-            };
-            // And as many as keep the events in flight under their bound in bytes.
-            let limit = limit.min(window.room_under(self.config.max_in_flight_bytes));
-            if let Some(wait) = self
-                .settle_ready(&mut window, Until::Room(limit), &mut broker_outage)
-                .await
-            {
-                sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
-                continue;
-            }
+    /// Settles the batches whose publish has finished, oldest first, and makes room in a full
+    /// window. After a broker outage the relay probes with one batch at a time. Stream mode:
+    /// one batch in flight, as a batch's position is the start of the next one's (the next
+    /// claim waits for this one's settle, see `ClaimOrder::Stream`).
+    async fn make_room(&mut self, cycle: &mut Cycle) -> ControlFlow<Next> {
+        let limit = if cycle.broker_outage > 0 || self.config.mode == Mode::Stream {
+            1
+        } else {
+            self.config.max_in_flight
+        };
+        // And as many as keep the events in flight under their bound in bytes.
+        let limit = limit.min(cycle.window.room_under(self.config.max_in_flight_bytes));
+        match self.settle_ready(cycle, Until::Room(limit)).await {
+            Some(wait) => ControlFlow::Break(Next::Sleep(wait)),
+            None => ControlFlow::Continue(()),
+        }
+    }
 
-            let state = if !active {
-                RelayState::Standby
-            } else if broker_outage > 0 {
-                RelayState::WaitingForBroker
-            } else if let Some(error) = self.publisher.unavailable().filter(|_| !window.is_empty())
-            {
-                self.last_error = Some(error);
-                RelayState::WaitingForBroker
-            } else {
-                RelayState::Running
-            };
-            if Instant::now() >= next_liveness || self.reported != Some(state) {
-                next_liveness = Instant::now() + self.liveness_every();
-                if self.liveness(state).await {
-                    next_ownership = Instant::now(); // a dead peer's work is free: take it now
-                }
+    /// Heartbeats when due or when the state changed; a dead peer reaped makes ownership due.
+    async fn report_liveness(&mut self, cycle: &mut Cycle) {
+        let state = if !cycle.active {
+            RelayState::Standby
+        } else if cycle.broker_outage > 0 {
+            RelayState::WaitingForBroker
+        } else if let Some(error) = self
+            .publisher
+            .unavailable()
+            .filter(|_| !cycle.window.is_empty())
+        {
+            self.last_error = Some(error);
+            RelayState::WaitingForBroker
+        } else {
+            RelayState::Running
+        };
+        if Instant::now() >= cycle.next_liveness || self.reported != Some(state) {
+            cycle.next_liveness = Instant::now() + self.liveness_every();
+            if self.liveness(state).await {
+                cycle.next_ownership = Instant::now(); // a dead peer's work is free: take it now
             }
+        }
+    }
 
-            if self.config.mode != Mode::Unordered && Instant::now() >= next_ownership {
-                match self.renew_ownership().await {
-                    Ok(now_active) => {
-                        self.stats.database_reached();
-                        if self.config.mode == Mode::Leader {
-                            metrics::gauge!("outbox_relay_leader")
-                                .set(f64::from(u8::from(now_active)));
-                        }
-                        if now_active != active {
-                            tracing::info!(relay = %self.config.relay_id, active = now_active, "relay ownership changed");
-                        }
-                        active = now_active;
-                        self.stats.active.store(active, Ordering::Relaxed);
-                        next_ownership = Instant::now() + self.ownership_every(active);
-                    }
-                    Err(e) => {
-                        let wait = self.outage_delay(&mut outage, &e);
-                        sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
-                        continue;
-                    }
-                }
-            }
-            if !active {
-                // Nothing more to claim: the batches in flight (claimed while active, still
-                // leased by this relay) are settled first.
-                let wait = match self
-                    .settle_ready(&mut window, Until::Settled, &mut broker_outage)
-                    .await
-                {
-                    Some(wait) => wait,
-                    None => self.config.poll_interval.min(self.config.lease / 10),
-                };
-                sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
-                continue;
-            }
-
-            if let Some(retention) = self.config.retention
-                && Instant::now() >= next_cleanup
-            {
-                next_cleanup = Instant::now() + retention.every;
-                match self.store.cleanup(retention.keep, retention.batch).await {
-                    Ok(n) if n > 0 => {
-                        tracing::debug!(deleted = n, "retention cleanup");
-                        // A whole batch: there may be more. Delete the next one at the next
-                        // turn of the loop (one short statement a turn, between claims), not
-                        // after `every`: one batch a minute (the CLI's 1,000 rows) would let
-                        // any outbox past 17 events a second grow without end.
-                        if n >= retention.batch as u64 {
-                            next_cleanup = Instant::now();
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "retention cleanup failed"),
-                }
-            }
-
-            // Ordered modes: claim beside the batches in flight only while that finds rows
-            // (see `Overlap`); else settle them first. The last one's settle may still run on
-            // the settler: the claim treats the rows it marks published as published.
-            let ordered = self.config.mode != Mode::Unordered;
-            if ordered
-                && !overlap.allowed()
-                && !window.is_empty()
-                && let Some(wait) = self
-                    .settle_ready(&mut window, Until::Published, &mut broker_outage)
-                    .await
-            {
-                sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
-                continue;
-            }
-            let overlapped = ordered && !window.is_empty();
-            // Settling may have waited for a publish: look at shutdown again, so that nothing
-            // is claimed once it was asked for.
-            if asked(&mut shutdown).await {
-                stopping = true;
-                continue;
-            }
-            let claim = Claim {
-                relay: &self.config.relay_id,
-                limit: self.claim_limit(&window),
-                lease: self.config.lease,
-                order: self.claim_order(),
-                // Beside batches in flight: the rows in flight (at most one batch each) and
-                // two batches past them (see `Claim::look_ahead`).
-                look_ahead: overlapped
-                    .then(|| self.config.batch_size.saturating_mul(window.len() + 2)),
-                settling: self.beside.as_ref().map_or(&[], Beside::marking),
-            };
-            let claimed = Instant::now();
-            let batch = match self.store.claim(&claim).await {
-                Ok(batch) => {
-                    metrics::histogram!("outbox_relay_claim_duration_seconds")
-                        .record(claimed.elapsed());
+    /// Ordered modes: renews the relay's shards or leadership when due. A standby settles what
+    /// it still has in flight and waits.
+    async fn own(&mut self, cycle: &mut Cycle) -> ControlFlow<Next> {
+        if self.config.mode != Mode::Unordered && Instant::now() >= cycle.next_ownership {
+            match self.renew_ownership().await {
+                Ok(now_active) => {
                     self.stats.database_reached();
-                    batch
+                    if self.config.mode == Mode::Leader {
+                        metrics::gauge!("outbox_relay_leader").set(f64::from(u8::from(now_active)));
+                    }
+                    if now_active != cycle.active {
+                        tracing::info!(relay = %self.config.relay_id, active = now_active, "relay ownership changed");
+                    }
+                    cycle.active = now_active;
+                    self.stats.active.store(now_active, Ordering::Relaxed);
+                    cycle.next_ownership = Instant::now() + self.ownership_every(now_active);
                 }
                 Err(e) => {
-                    // The publishes in flight go on; their batches are settled once the
-                    // database answers again (within their lease, see `settle`).
-                    let wait = self.outage_delay(&mut outage, &e);
-                    sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
-                    continue;
+                    return ControlFlow::Break(Next::Sleep(
+                        self.outage_delay(&mut cycle.outage, &e),
+                    ));
                 }
-            };
-            outage = 0;
-            let (bytes, largest) = window::weigh(&batch);
-            if !batch.is_empty() {
-                self.event_bytes = largest.max(self.event_bytes - self.event_bytes / 4);
             }
-            if ordered {
-                overlap.claimed(overlapped, batch.len(), claim.limit);
-            }
-            if batch.is_empty() {
-                if !window.is_empty() || self.settling() {
-                    // Nothing claimable beside the batches in flight: settle the oldest (its
-                    // aggregates may hold back what is pending), or wait for the settle that
-                    // runs (`0`: with none in flight), then claim again.
-                    let until = match window.len() {
-                        0 => Until::Settled,
-                        n => Until::Room(n),
-                    };
-                    if let Some(wait) = self
-                        .settle_ready(&mut window, until, &mut broker_outage)
-                        .await
-                    {
-                        sleep_or_stop(&mut shutdown, &mut stopping, wait).await;
-                    }
-                    continue;
-                }
-                let now = Instant::now();
-                // Inside the wake window claim again shortly, else wait for a notification
-                // or the poll interval.
-                let wait = if now < wake_until {
-                    WAKE_RECHECK.min(wake_until - now)
-                } else {
-                    self.config.poll_interval
-                };
-                tokio::select! {
-                    _ = &mut shutdown => stopping = true,
-                    _ = self.store.wait_for_work(wait) => {
-                        // Woken before the poll interval (a notification): writers notify
-                        // at most once per throttle interval, so the commits that follow
-                        // this one within it wake nobody; look for them every few ms.
-                        if wait == self.config.poll_interval && now.elapsed() < wait {
-                            wake_until = Instant::now() + self.config.wake_window;
-                        }
-                    }
-                }
-                continue;
-            }
-            wake_until = Instant::now() + self.config.wake_window;
-            RelayStats::add(
-                &self.stats.claimed,
-                "outbox_relay_claimed_total",
-                batch.len(),
-            );
-            RelayStats::add(&self.stats.batches, "outbox_relay_batches_total", 1);
-            // The batch's span: publish and settle run in it; `settle` records the outcomes.
-            let span = tracing::info_span!(
-                "outbox.relay.batch",
-                relay = %self.config.relay_id,
-                mode = ?self.config.mode,
-                size = batch.len(),
-                first_seq = batch.first().map(|m| m.seq),
-                last_seq = batch.last().map(|m| m.seq),
-                published = tracing::field::Empty,
-                retried = tracing::field::Empty,
-                dead_lettered = tracing::field::Empty,
-                released = tracing::field::Empty,
-                fenced = tracing::field::Empty,
-                unavailable = tracing::field::Empty,
-            );
-            self.start_publish(&mut window, batch, bytes, span, claimed);
-            // The store's work while the batch is published (stream mode: the last batch's
-            // positions, the next rows); the batch is settled once both are done.
-            self.store.overlap(&claim).await;
         }
+        if cycle.active {
+            return ControlFlow::Continue(());
+        }
+        // Nothing more to claim: the batches in flight (claimed while active, still leased by
+        // this relay) are settled first.
+        let wait = match self.settle_ready(cycle, Until::Settled).await {
+            Some(wait) => wait,
+            None => self.config.poll_interval.min(self.config.lease / 10),
+        };
+        ControlFlow::Break(Next::Sleep(wait))
+    }
 
-        // Graceful shutdown: every batch in flight is published and settled; then give up
-        // every lease.
-        self.settle_ready(&mut window, Until::Settled, &mut broker_outage)
-            .await;
+    /// Deletes a batch of published events past retention when due.
+    async fn clean_up(&mut self, cycle: &mut Cycle) {
+        let Some(retention) = self.config.retention else {
+            return;
+        };
+        if Instant::now() < cycle.next_cleanup {
+            return;
+        }
+        cycle.next_cleanup = Instant::now() + retention.every;
+        match self.store.cleanup(retention.keep, retention.batch).await {
+            Ok(n) if n > 0 => {
+                tracing::debug!(deleted = n, "retention cleanup");
+                // A whole batch: there may be more. Delete the next one at the next turn of
+                // the loop (one short statement a turn, between claims), not after `every`:
+                // one batch a minute (the CLI's 1,000 rows) would let any outbox past 17
+                // events a second grow without end.
+                if n >= retention.batch as u64 {
+                    cycle.next_cleanup = Instant::now();
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "retention cleanup failed"),
+        }
+    }
+
+    /// Claims a batch and starts its publish; an empty claim settles or waits for work.
+    async fn claim_and_publish(&mut self, cycle: &mut Cycle) -> Next {
+        let ordered = self.config.mode != Mode::Unordered;
+        let overlapped = ordered && !cycle.window.is_empty();
+        let claim = Claim {
+            relay: &self.config.relay_id,
+            limit: self.claim_limit(&cycle.window),
+            lease: self.config.lease,
+            order: self.claim_order(),
+            // Beside batches in flight: the rows in flight (at most one batch each) and two
+            // batches past them (see `Claim::look_ahead`).
+            look_ahead: overlapped.then(|| {
+                self.config
+                    .batch_size
+                    .saturating_mul(cycle.window.len() + 2)
+            }),
+            settling: self.beside.as_ref().map_or(&[], Beside::marking),
+        };
+        let claimed = Instant::now();
+        let batch = match self.store.claim(&claim).await {
+            Ok(batch) => batch,
+            // The publishes in flight go on; their batches are settled once the database
+            // answers again (within their lease, see `settle`).
+            Err(e) => return Next::Sleep(self.outage_delay(&mut cycle.outage, &e)),
+        };
+        metrics::histogram!("outbox_relay_claim_duration_seconds").record(claimed.elapsed());
+        self.stats.database_reached();
+        cycle.outage = 0;
+        let (bytes, largest) = window::weigh(&batch);
+        if !batch.is_empty() {
+            self.event_bytes = largest.max(self.event_bytes - self.event_bytes / 4);
+        }
+        if ordered {
+            cycle.overlap.claimed(overlapped, batch.len(), claim.limit);
+        }
+        if batch.is_empty() {
+            return self.nothing_claimed(cycle).await;
+        }
+        cycle.wake_until = Instant::now() + self.config.wake_window;
+        RelayStats::add(
+            &self.stats.claimed,
+            "outbox_relay_claimed_total",
+            batch.len(),
+        );
+        RelayStats::add(&self.stats.batches, "outbox_relay_batches_total", 1);
+        // The batch's span: publish and settle run in it; `settle` records the outcomes.
+        let span = tracing::info_span!(
+            "outbox.relay.batch",
+            relay = %self.config.relay_id,
+            mode = ?self.config.mode,
+            size = batch.len(),
+            first_seq = batch.first().map(|m| m.seq),
+            last_seq = batch.last().map(|m| m.seq),
+            published = tracing::field::Empty,
+            retried = tracing::field::Empty,
+            dead_lettered = tracing::field::Empty,
+            released = tracing::field::Empty,
+            fenced = tracing::field::Empty,
+            unavailable = tracing::field::Empty,
+        );
+        self.start_publish(&mut cycle.window, batch, bytes, span, claimed);
+        // The store's work while the batch is published (stream mode: the last batch's
+        // positions, the next rows); the batch is settled once both are done.
+        self.store.overlap(&claim).await;
+        Next::Now
+    }
+
+    /// An empty claim. Beside batches in flight: settle the oldest (its aggregates may hold
+    /// back what is pending), or wait for the settle that runs, then claim again. Else inside
+    /// the wake window claim again shortly, or wait for a notification or the poll interval.
+    async fn nothing_claimed(&mut self, cycle: &mut Cycle) -> Next {
+        if !cycle.window.is_empty() || self.settling() {
+            let until = match cycle.window.len() {
+                0 => Until::Settled,
+                n => Until::Room(n),
+            };
+            return self
+                .settle_ready(cycle, until)
+                .await
+                .map_or(Next::Now, Next::Sleep);
+        }
+        let now = Instant::now();
+        if now < cycle.wake_until {
+            Next::Work(WAKE_RECHECK.min(cycle.wake_until - now))
+        } else {
+            Next::Work(self.config.poll_interval)
+        }
+    }
+
+    /// Graceful shutdown: every batch in flight is published and settled; then every lease is
+    /// given up.
+    async fn shut_down(&mut self, cycle: &mut Cycle) {
+        self.settle_ready(cycle, Until::Settled).await;
         for attempt in 1..=3u32 {
             match self.store.release_all(&self.config.relay_id).await {
                 Ok(()) => break,
@@ -378,133 +409,35 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         self.stats.active.store(false, Ordering::Relaxed);
         tracing::info!(relay = %self.config.relay_id, "relay stopped");
     }
-
-    /// Settles the batches in flight whose publish has finished, oldest first, and then,
-    /// waiting for their publishes, the oldest ones until `until` holds. If a batch met a
-    /// broker outage, every other batch in flight is settled too (each gives back what was
-    /// not published, without costing an attempt) and the outage backoff to wait is returned.
-    async fn settle_ready(
-        &mut self,
-        window: &mut Window,
-        until: Until,
-        broker_outage: &mut u32,
-    ) -> Option<Duration> {
-        let limit = match until {
-            Until::Room(limit) => limit.max(1),
-            Until::Published | Until::Settled => 1,
-        };
-        loop {
-            let settled = match window.pop_finished() {
-                Some(batch) => self.finish(batch, *broker_outage > 0).await,
-                None if window.len() >= limit => match window.pop_oldest() {
-                    Some(batch) => self.finish(batch, *broker_outage > 0).await,
-                    None => return None,
-                },
-                // All of them: the batch being settled beside too.
-                None if until == Until::Settled && self.settling() => self.join_settle().await,
-                None => return None,
-            };
-            let Some(mut error) = settled else {
-                if *broker_outage > 0 {
-                    tracing::info!(waits = *broker_outage, "broker available again");
-                }
-                *broker_outage = 0;
-                continue;
-            };
-            // The broker is unavailable: what the batches in flight did not publish goes
-            // back whole (order kept, no attempt counted); wait with the outage backoff,
-            // capped so delivery resumes soon after the broker returns.
-            while let Some(batch) = window.pop_oldest() {
-                if let Some(later) = self.finish(batch, *broker_outage > 0).await {
-                    error = later;
-                }
-            }
-            if let Some(later) = self.join_settle().await {
-                error = later;
-            }
-            *broker_outage = broker_outage.saturating_add(1);
-            RelayStats::add(
-                &self.stats.broker_waits,
-                "outbox_relay_broker_waits_total",
-                1,
-            );
-            let wait = self
-                .config
-                .outage_backoff
-                .delay(*broker_outage, self.rng.unit());
-            tracing::warn!(error = %error, retry_in = ?wait, "broker unavailable; waiting for it");
-            self.stats.waiting_for_broker.store(true, Ordering::Relaxed);
-            self.last_error = Some(error);
-            if self.reported != Some(RelayState::WaitingForBroker) {
-                self.liveness(RelayState::WaitingForBroker).await;
-            }
-            return Some(wait);
-        }
-    }
-
-    /// Waits for the publish of `batch`, then settles it (within its lease). Returns the
-    /// broker's error if it was unavailable for any of its messages.
-    ///
-    /// With a settler, the settle of `batch` starts there once the previous one is done, and
-    /// this returns the previous one's error: the relay then learns of an outage one batch
-    /// later (the batches published meanwhile give their rows back without an attempt). But
-    /// while it `probes` the broker after an outage (one batch at a time), it waits for this
-    /// batch's settle too: that is what tells whether the broker is back.
-    async fn finish(&mut self, mut batch: InFlight, probes: bool) -> Option<String> {
-        let deliveries = self.outcome(&mut batch).await;
-        let beside_now = self.config.mode == Mode::Unordered || self.alone;
-        let (batch, deliveries) = match self.beside.as_mut() {
-            Some(beside) if beside_now => {
-                let previous = beside.join().await;
-                match beside.start(batch, deliveries) {
-                    Ok(()) if probes => {
-                        let this = beside.join().await;
-                        return previous.or(this);
-                    }
-                    Ok(()) => return previous,
-                    Err(back) => back,
-                }
-            }
-            _ => (batch, deliveries),
-        };
-        // Settled here: a settle still running beside (the relay no longer works alone) ends
-        // first, so that the batches are settled in claim order.
-        let previous = self.join_settle().await;
-        let this = Settle {
-            store: &mut self.store,
-            config: &self.config,
-            stats: &self.stats,
-            rng: &mut self.rng,
-        }
-        .batch(batch, deliveries)
-        .await;
-        previous.or(this)
-    }
-
-    /// Whether a batch is being settled on the settler.
-    fn settling(&self) -> bool {
-        self.beside.as_ref().is_some_and(Beside::busy)
-    }
-
-    /// Waits for the settle on the settler, if one runs; its broker error, as `finish`.
-    async fn join_settle(&mut self) -> Option<String> {
-        match self.beside.as_mut() {
-            Some(beside) => beside.join().await,
-            None => None,
-        }
-    }
 }
 
-/// How far [`Relay::settle_ready`] settles the batches in flight.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Until {
-    /// Until fewer than this many are in flight (at least one is settled when the window holds
-    /// this many; `0` counts as `1`).
-    Room(usize),
-    /// Until none is in flight; the last one's settle may still run on the settler.
-    Published,
-    /// Until none is in flight and no settle runs.
-    Settled,
+/// The relay loop's state from turn to turn.
+struct Cycle {
+    /// Consecutive database outage waits (0: the database answers).
+    outage: u32,
+    /// Consecutive broker outage waits (0: the broker is fine).
+    broker_outage: u32,
+    /// Whether the relay may claim: always in unordered mode; the leader, or a relay with
+    /// shards, in the ordered modes.
+    active: bool,
+    next_ownership: Instant,
+    next_cleanup: Instant,
+    next_liveness: Instant,
+    /// Until then, an empty claim is retried every `WAKE_RECHECK` (see `wake_window`).
+    wake_until: Instant,
+    /// The batches in flight, in claim order.
+    window: Window,
+    overlap: Overlap,
+}
+
+/// What the loop does after a turn.
+enum Next {
+    /// The next turn at once.
+    Now,
+    /// Wait this long (an outage's backoff, a standby's poll) or until shutdown.
+    Sleep(Duration),
+    /// Nothing to claim: wait for a notification, this long at most, or until shutdown.
+    Work(Duration),
 }
 
 /// Whether `shutdown` has completed, without waiting for it.
@@ -516,13 +449,13 @@ async fn asked(shutdown: &mut std::pin::Pin<&mut (impl Future<Output = ()> + Sen
     }
 }
 
-async fn sleep_or_stop(
+/// Waits for `wait` or `shutdown`, whichever completes first; whether it was `shutdown`.
+async fn stop_or(
     shutdown: &mut std::pin::Pin<&mut (impl Future<Output = ()> + Send)>,
-    stopping: &mut bool,
-    wait: Duration,
-) {
+    wait: impl Future,
+) -> bool {
     tokio::select! {
-        _ = shutdown => *stopping = true,
-        _ = tokio::time::sleep(wait) => {}
+        _ = shutdown => true,
+        _ = wait => false,
     }
 }

@@ -2,14 +2,18 @@
 //! relay still holds the lease.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::super::stats::RelayStats;
-use super::super::{Delivery, Failure, OutboxMessage, RelayConfig, RelayStore};
+use super::super::{
+    Delivery, Failure, Mode, OutboxMessage, Publisher, RelayConfig, RelayState, RelayStore,
+};
 use super::window::InFlight;
+use super::{Cycle, Relay};
 use crate::backoff::SplitMix;
 
 /// Runs a store call until it succeeds or `deadline` passes (then the rows go back to the
@@ -67,9 +71,9 @@ impl<S: RelayStore> Settle<'_, S> {
     }
 
     /// Records each message's outcome. Store errors here are retried until `deadline`, when
-    /// the batch's lease runs out; after that the rows return to the pool by lease expiry (and published
-    /// ones are published again: at-least-once). Returns the first outage error if the broker
-    /// was unavailable for any message of the batch.
+    /// the batch's lease runs out; after that the rows return to the pool by lease expiry (and
+    /// published ones are published again: at-least-once). Returns the first outage error if
+    /// the broker was unavailable for any message of the batch.
     pub(super) async fn settle(
         &mut self,
         batch: &[OutboxMessage],
@@ -82,60 +86,30 @@ impl<S: RelayStore> Settle<'_, S> {
                 got = deliveries.len(),
                 "publisher broke its contract: wrong number of outcomes"
             );
-            // Not the events' fault: give them back without counting an attempt.
-            deliveries.resize(
-                batch.len(),
-                Delivery::Unavailable("publisher returned no outcome for this message".into()),
-            );
         }
-        let mut published = Vec::new();
-        let mut failures = Vec::new();
-        let mut released = Vec::new();
-        let mut outage: Option<String> = None;
-        let mut unavailable = 0usize;
-        let mut dead = 0usize;
-        for (message, delivery) in batch.iter().zip(deliveries) {
-            match delivery {
-                Delivery::Published => {
-                    published.push(message.seq);
-                    let latency = (chrono::Utc::now() - message.created_at).to_std();
-                    metrics::histogram!("outbox_relay_commit_to_ack_seconds")
-                        .record(latency.unwrap_or_default());
-                }
-                Delivery::NotAttempted => released.push(message.seq),
-                // An outage: the row goes back as it was (`attempts - 1`, available now). In
-                // the ordered modes the later events of its aggregate in this batch were not
-                // attempted (or were unavailable too) and go back with it, so order is kept.
-                Delivery::Unavailable(error) => {
-                    unavailable += 1;
-                    released.push(message.seq);
-                    outage.get_or_insert(error);
-                }
-                Delivery::Failed(error) => {
-                    let attempt = u32::try_from(message.attempts).unwrap_or(1).max(1);
-                    let retry_after = if attempt >= self.config.max_attempts {
-                        dead += 1;
-                        tracing::error!(
-                            seq = message.seq, id = %message.id, event_type = %message.event_type,
-                            attempts = attempt, error = %error, "event dead-lettered"
-                        );
-                        None
-                    } else {
-                        tracing::warn!(
-                            seq = message.seq, id = %message.id, attempts = attempt, error = %error,
-                            "publish failed, will retry"
-                        );
-                        Some(self.config.backoff.delay(attempt, self.rng.unit()))
-                    };
-                    failures.push(Failure {
-                        seq: message.seq,
-                        error,
-                        retry_after,
-                    });
-                }
+        for (message, delivery) in batch.iter().zip(&deliveries) {
+            if matches!(delivery, Delivery::Published) {
+                let latency = (chrono::Utc::now() - message.created_at).to_std();
+                metrics::histogram!("outbox_relay_commit_to_ack_seconds")
+                    .record(latency.unwrap_or_default());
             }
         }
+        let tally = Tally::of(batch, &mut deliveries, self.config, || self.rng.unit());
+        tally.log(batch);
+        self.write(tally, deadline).await
+    }
 
+    /// The store writes of a tally, each within `deadline`, and their counts; the tally's
+    /// outage, if any.
+    async fn write(&mut self, tally: Tally, deadline: Instant) -> Option<String> {
+        let Tally {
+            published,
+            failures,
+            released,
+            outage,
+            unavailable,
+            dead,
+        } = tally;
         // The batch's span (see `run`): its outcome counts.
         let span = tracing::Span::current();
         span.record("unavailable", unavailable);
@@ -197,6 +171,222 @@ impl<S: RelayStore> Settle<'_, S> {
         );
         outage
     }
+}
+
+/// What a batch's outcomes come to, before anything is written: the rows to mark published,
+/// to fail (retry later, or dead-letter past `max_attempts`) and to release.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    pub(super) published: Vec<i64>,
+    pub(super) failures: Vec<Failure>,
+    pub(super) released: Vec<i64>,
+    /// The first outage error: the broker was unavailable for a message.
+    pub(super) outage: Option<String>,
+    /// Messages the broker was unavailable for.
+    pub(super) unavailable: usize,
+    /// Failures dead-lettered (their `retry_after` is `None`).
+    pub(super) dead: usize,
+}
+
+impl Tally {
+    /// Sorts each message by its delivery; `unit` draws the jitter of each retry's backoff. A
+    /// publisher that broke its contract (a wrong number of outcomes) had messages without
+    /// one: not their fault, they go back without counting an attempt.
+    pub(super) fn of(
+        batch: &[OutboxMessage],
+        deliveries: &mut Vec<Delivery>,
+        config: &RelayConfig,
+        mut unit: impl FnMut() -> f64,
+    ) -> Tally {
+        deliveries.resize(
+            batch.len(),
+            Delivery::Unavailable("publisher returned no outcome for this message".into()),
+        );
+        let mut tally = Tally::default();
+        for (message, delivery) in batch.iter().zip(deliveries.drain(..)) {
+            match delivery {
+                Delivery::Published => tally.published.push(message.seq),
+                Delivery::NotAttempted => tally.released.push(message.seq),
+                // An outage: the row goes back as it was (`attempts - 1`, available now). In
+                // the ordered modes the later events of its aggregate in this batch were not
+                // attempted (or were unavailable too) and go back with it, so order is kept.
+                Delivery::Unavailable(error) => {
+                    tally.unavailable += 1;
+                    tally.released.push(message.seq);
+                    tally.outage.get_or_insert(error);
+                }
+                Delivery::Failed(error) => {
+                    let attempt = u32::try_from(message.attempts).unwrap_or(1).max(1);
+                    let retry_after = if attempt >= config.max_attempts {
+                        tally.dead += 1;
+                        None
+                    } else {
+                        Some(config.backoff.delay(attempt, unit()))
+                    };
+                    tally.failures.push(Failure {
+                        seq: message.seq,
+                        error,
+                        retry_after,
+                    });
+                }
+            }
+        }
+        tally
+    }
+
+    /// Logs each failure: an error for a dead letter, a warning for a retry.
+    fn log(&self, batch: &[OutboxMessage]) {
+        for failure in &self.failures {
+            let Some(message) = batch.iter().find(|m| m.seq == failure.seq) else {
+                continue;
+            };
+            let attempts = message.attempts.max(1);
+            let error = &failure.error;
+            match failure.retry_after {
+                None => tracing::error!(
+                    seq = message.seq, id = %message.id, event_type = %message.event_type,
+                    attempts, error = %error, "event dead-lettered"
+                ),
+                Some(_) => tracing::warn!(
+                    seq = message.seq, id = %message.id, attempts, error = %error,
+                    "publish failed, will retry"
+                ),
+            }
+        }
+    }
+}
+
+impl<S: RelayStore, P: Publisher> Relay<S, P> {
+    /// Settles the batches in flight whose publish has finished, oldest first, and then,
+    /// waiting for their publishes, the oldest ones until `until` holds. If a batch met a
+    /// broker outage, every other batch in flight is settled too (each gives back what was
+    /// not published, without costing an attempt) and the outage backoff to wait is returned.
+    pub(super) async fn settle_ready(
+        &mut self,
+        cycle: &mut Cycle,
+        until: Until,
+    ) -> Option<Duration> {
+        let Cycle {
+            window,
+            broker_outage,
+            ..
+        } = cycle;
+        let limit = match until {
+            Until::Room(limit) => limit.max(1),
+            Until::Published | Until::Settled => 1,
+        };
+        loop {
+            let settled = match window.pop_finished() {
+                Some(batch) => self.finish(batch, *broker_outage > 0).await,
+                None if window.len() >= limit => match window.pop_oldest() {
+                    Some(batch) => self.finish(batch, *broker_outage > 0).await,
+                    None => return None,
+                },
+                // All of them: the batch being settled beside too.
+                None if until == Until::Settled && self.settling() => self.join_settle().await,
+                None => return None,
+            };
+            let Some(mut error) = settled else {
+                if *broker_outage > 0 {
+                    tracing::info!(waits = *broker_outage, "broker available again");
+                }
+                *broker_outage = 0;
+                continue;
+            };
+            // The broker is unavailable: what the batches in flight did not publish goes
+            // back whole (order kept, no attempt counted); wait with the outage backoff,
+            // capped so delivery resumes soon after the broker returns.
+            while let Some(batch) = window.pop_oldest() {
+                if let Some(later) = self.finish(batch, *broker_outage > 0).await {
+                    error = later;
+                }
+            }
+            if let Some(later) = self.join_settle().await {
+                error = later;
+            }
+            *broker_outage = broker_outage.saturating_add(1);
+            RelayStats::add(
+                &self.stats.broker_waits,
+                "outbox_relay_broker_waits_total",
+                1,
+            );
+            let wait = self
+                .config
+                .outage_backoff
+                .delay(*broker_outage, self.rng.unit());
+            tracing::warn!(error = %error, retry_in = ?wait, "broker unavailable; waiting for it");
+            self.stats.waiting_for_broker.store(true, Ordering::Relaxed);
+            self.last_error = Some(error);
+            if self.reported != Some(RelayState::WaitingForBroker) {
+                self.liveness(RelayState::WaitingForBroker).await;
+            }
+            return Some(wait);
+        }
+    }
+
+    /// Waits for the publish of `batch`, then settles it (within its lease). Returns the
+    /// broker's error if it was unavailable for any of its messages.
+    ///
+    /// With a settler, the settle of `batch` starts there once the previous one is done, and
+    /// this returns the previous one's error: the relay then learns of an outage one batch
+    /// later (the batches published meanwhile give their rows back without an attempt). But
+    /// while it `probes` the broker after an outage (one batch at a time), it waits for this
+    /// batch's settle too: that is what tells whether the broker is back.
+    pub(super) async fn finish(&mut self, mut batch: InFlight, probes: bool) -> Option<String> {
+        let deliveries = self.outcome(&mut batch).await;
+        let beside_now = self.config.mode == Mode::Unordered || self.alone;
+        let (batch, deliveries) = match self.beside.as_mut() {
+            Some(beside) if beside_now => {
+                let previous = beside.join().await;
+                match beside.start(batch, deliveries) {
+                    Ok(()) if probes => {
+                        let this = beside.join().await;
+                        return previous.or(this);
+                    }
+                    Ok(()) => return previous,
+                    Err(back) => back,
+                }
+            }
+            _ => (batch, deliveries),
+        };
+        // Settled here: a settle still running beside (the relay no longer works alone) ends
+        // first, so that the batches are settled in claim order.
+        let previous = self.join_settle().await;
+        let this = Settle {
+            store: &mut self.store,
+            config: &self.config,
+            stats: &self.stats,
+            rng: &mut self.rng,
+        }
+        .batch(batch, deliveries)
+        .await;
+        previous.or(this)
+    }
+
+    /// Whether a batch is being settled on the settler.
+    pub(super) fn settling(&self) -> bool {
+        self.beside.as_ref().is_some_and(Beside::busy)
+    }
+
+    /// Waits for the settle on the settler, if one runs; its broker error, as `finish`.
+    pub(super) async fn join_settle(&mut self) -> Option<String> {
+        match self.beside.as_mut() {
+            Some(beside) => beside.join().await,
+            None => None,
+        }
+    }
+}
+
+/// How far [`Relay::settle_ready`] settles the batches in flight.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Until {
+    /// Until fewer than this many are in flight (at least one is settled when the window holds
+    /// this many; `0` counts as `1`).
+    Room(usize),
+    /// Until none is in flight; the last one's settle may still run on the settler.
+    Published,
+    /// Until none is in flight and no settle runs.
+    Settled,
 }
 
 /// The settler's side (see [`RelayStore::settler`]): one batch at a time is settled there, as
@@ -301,5 +491,73 @@ impl<S> Drop for Beside<S> {
         if let Some(task) = &self.running {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(seq: i64, attempts: i32) -> OutboxMessage {
+        OutboxMessage {
+            seq,
+            id: uuid::Uuid::now_v7(),
+            aggregate_type: "order".into(),
+            aggregate_id: "1".into(),
+            event_type: "OrderCreated".into(),
+            event_version: 1,
+            payload: "{}".into(),
+            headers: crate::Headers::new(),
+            topic: None,
+            shard: 0,
+            created_at: chrono::Utc::now(),
+            attempts,
+        }
+    }
+
+    #[test]
+    fn each_outcome_goes_where_it_belongs() {
+        let config = RelayConfig {
+            max_attempts: 3,
+            ..RelayConfig::default()
+        };
+        let batch: Vec<_> = [(1, 1), (2, 1), (3, 2), (4, 3), (5, 1)]
+            .map(|(seq, attempts)| message(seq, attempts))
+            .into();
+        let mut deliveries = vec![
+            Delivery::Published,
+            Delivery::Unavailable("broker down".into()),
+            Delivery::Failed("too large".into()),
+            Delivery::Failed("too large".into()),
+            Delivery::NotAttempted,
+        ];
+        let tally = Tally::of(&batch, &mut deliveries, &config, || 0.5);
+        assert_eq!(tally.published, [1]);
+        assert_eq!(tally.released, [2, 5]);
+        assert_eq!(tally.outage.as_deref(), Some("broker down"));
+        assert_eq!(tally.unavailable, 1);
+        let failed: Vec<_> = tally
+            .failures
+            .iter()
+            .map(|f| (f.seq, f.retry_after.is_some()))
+            .collect();
+        // Attempt 2 of 3 retries; attempt 3 of 3 is dead-lettered.
+        assert_eq!(failed, [(3, true), (4, false)]);
+        assert_eq!(tally.dead, 1);
+    }
+
+    #[test]
+    fn messages_without_an_outcome_go_back_as_an_outage() {
+        let batch = vec![message(1, 1), message(2, 1), message(3, 1)];
+        let mut deliveries = vec![Delivery::Published];
+        let tally = Tally::of(&batch, &mut deliveries, &RelayConfig::default(), || 0.5);
+        assert_eq!(tally.published, [1]);
+        assert_eq!(tally.released, [2, 3]);
+        assert_eq!(tally.unavailable, 2);
+        assert!(tally.failures.is_empty());
+        // Extra outcomes are ignored, not applied to other rows.
+        let mut deliveries = vec![Delivery::Published; 5];
+        let tally = Tally::of(&batch, &mut deliveries, &RelayConfig::default(), || 0.5);
+        assert_eq!(tally.published, [1, 2, 3]);
     }
 }

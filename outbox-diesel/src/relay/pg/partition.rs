@@ -25,7 +25,7 @@
 //! and the counter is the server's, shared by all its databases, so it is the whole server's
 //! rate that counts: `SELECT pg_current_xact_id()` twice an hour apart tells it). A stream
 //! read whose transactions all fall in one slot reads that partition by its name (`Ring` in
-//! `stream.rs`); one across a slot's end reads through the partitioned table, every
+//! `stream/ring.rs`); one across a slot's end reads through the partitioned table, every
 //! partition's stream index, so fewer, larger slots make cheaper claims: the default is
 //! [`DEFAULT_SLOTS`]. `Status::stream`'s `ring` gives the headroom left before writers reach
 //! a partition not yet emptied.

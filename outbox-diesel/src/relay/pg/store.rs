@@ -97,7 +97,7 @@ impl RelayStore for PgRelayStore {
     }
 
     /// Stream mode: writes the positions of the batch settled last and reads the rows after
-    /// the batch in flight (see `stream.rs`).
+    /// the batch in flight (see `stream/`).
     async fn overlap(&mut self, claim: &Claim<'_>) {
         if let ClaimOrder::Stream { dead_letters_block } = claim.order {
             self.overlap_stream(claim.relay, claim.limit, claim.lease, dead_letters_block)
