@@ -17,6 +17,7 @@ pub mod limits;
 mod memory;
 mod metrics;
 mod publisher;
+mod share;
 mod stats;
 mod store;
 
@@ -34,6 +35,7 @@ pub use health::{RelayHealth, RelayState};
 pub use memory::{MemoryBroker, MemoryRow, MemoryStore, Record, test_message};
 pub use metrics::{METRICS, describe_metrics};
 pub use publisher::{Delivery, OutboxMessage, Publisher};
+pub use share::{Share, fair_share, share};
 pub use stats::RelayStats;
 pub use store::{
     Claim, ClaimOrder, Completion, Failure, RelayIdInUse, RelayStore, ShardAssignment, StoreError,

@@ -369,36 +369,6 @@ pub(crate) fn parse_id(seq: i64, id: &str) -> Result<uuid::Uuid, Failure> {
     uuid::Uuid::parse_str(id).map_err(|e| malformed(seq, "id", id, &format!("is not a UUID ({e})")))
 }
 
-/// `ceil(SHARD_COUNT / live)`: each relay's fair share of shards.
-fn fair_share(live: i64) -> i64 {
-    let shards = i64::from(outbox_core::SHARD_COUNT);
-    let live = live.max(1);
-    (shards + live - 1) / live
-}
-
-/// What a rebalance does with the shards a relay holds when `live` sharded relays share them.
-pub(crate) enum Share {
-    /// Give these up: the highest ones, beyond its fair share.
-    GiveUp(Vec<i16>),
-    /// Take up to this many free shards.
-    Take(i64),
-    /// Keep what it holds.
-    Keep,
-}
-
-/// The [`Share`] of a relay holding `owned` (sorted); a surplus is taken off `owned`.
-pub(crate) fn share(owned: &mut Vec<i16>, live: i64) -> Share {
-    let fair = fair_share(live);
-    let fair_usize = usize::try_from(fair).unwrap_or(usize::MAX);
-    if owned.len() > fair_usize {
-        Share::GiveUp(owned.split_off(fair_usize))
-    } else if owned.len() < fair_usize {
-        Share::Take(fair - owned.len() as i64)
-    } else {
-        Share::Keep
-    }
-}
-
 /// What a rebalance returns: the shards held (sorted) and how many relays share them.
 pub(crate) fn assignment(owned: Vec<i16>, live: i64) -> outbox_core::relay::ShardAssignment {
     outbox_core::relay::ShardAssignment {

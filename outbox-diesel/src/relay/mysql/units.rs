@@ -5,11 +5,11 @@ use diesel::QueryableByName;
 use diesel::mysql::Mysql;
 use diesel::sql_types::{BigInt, Bool, SmallInt, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
-use outbox_core::relay::{Claim, ClaimOrder, OutboxMessage, ShardAssignment};
+use outbox_core::relay::{Claim, ClaimOrder, OutboxMessage, ShardAssignment, Share, share};
 
 use super::sql::*;
 use crate::relay::common::{
-    CountRow, Malformed, ShardRow, Share, TextIdRow, assignment, in_list, micros, seq_lists, share,
+    CountRow, Malformed, ShardRow, TextIdRow, assignment, in_list, micros, seq_lists,
 };
 
 /// How often a unit of work that InnoDB chose as a deadlock victim is run again at once.
@@ -191,7 +191,7 @@ pub(super) async fn rebalance_in(
         .into_iter()
         .map(|r| r.shard)
         .collect();
-    match share(&mut owned, live) {
+    match share(&mut owned, usize::try_from(live).unwrap_or(1)) {
         Share::GiveUp(surplus) => {
             in_list(
                 GIVE_UP_SHARDS,
@@ -205,7 +205,7 @@ pub(super) async fn rebalance_in(
         }
         Share::Take(want) => {
             let free: Vec<i16> = diesel::sql_query(FREE_SHARDS)
-                .bind::<BigInt, _>(want)
+                .bind::<BigInt, _>(i64::try_from(want).unwrap_or(i64::MAX))
                 .load::<ShardRow>(conn)
                 .await?
                 .into_iter()

@@ -2,9 +2,11 @@
 //! relay sessions in `sessions`.
 
 pub(crate) mod handover;
+mod lease;
 mod listener;
 pub(crate) mod partition;
 pub(super) mod sessions;
+mod shards;
 pub(super) mod sql;
 mod store;
 pub(super) mod stream;
@@ -209,13 +211,14 @@ pub struct PgRelayStore {
     listen: bool,
     /// Whether the relay settles on a connection of its own ([`PgRelayStore::settle_beside`]).
     settle_beside: bool,
-    stream: stream::StreamState,
-    /// Whether a lease-mode claim found the table free of what stream mode leaves behind
-    /// (see [`handover`]); looked for until it is.
-    handed_over: bool,
-    /// Whether a stream claim that keeps dead letters blocking found no dead letter of the
-    /// lease modes (see [`handover`]); looked for until it does.
-    no_lease_dead: bool,
+    /// The lease modes' store (unordered, leader, sharded).
+    lease: lease::LeaseStore,
+    /// Stream mode's store, from the relay's first stream claim on (a relay runs in one mode,
+    /// told by its claims; before the first claim the two do the same: a shard rebalance owes
+    /// no position and drops no rows read ahead).
+    stream: Option<stream::StreamStore>,
+    /// Stream mode: rows a claim reads at least ([`PgRelayStore::stream_read_ahead`]).
+    read_ahead: usize,
 }
 
 impl PgRelayStore {
@@ -328,9 +331,9 @@ impl PgRelayStore {
             listener: None,
             listen: true,
             settle_beside: true,
-            stream: stream::StreamState::new(),
-            handed_over: false,
-            no_lease_dead: false,
+            lease: lease::LeaseStore::default(),
+            stream: None,
+            read_ahead: stream::READ_AHEAD,
         }
     }
 
@@ -367,7 +370,7 @@ impl PgRelayStore {
     /// let store = PgRelayStore::new("postgres://postgres@127.0.0.1/app").stream_read_ahead(0);
     /// ```
     pub fn stream_read_ahead(mut self, rows: usize) -> Self {
-        self.stream.read_ahead = rows;
+        self.read_ahead = rows;
         self
     }
 

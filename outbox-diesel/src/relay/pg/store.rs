@@ -1,9 +1,10 @@
-//! The PostgreSQL relay store's `RelayStore` methods: each one statement (the shard
-//! rebalance a few), run on the store's connection.
+//! The PostgreSQL relay store's `RelayStore` methods. Claims, settles and shard rebalances go
+//! to the store of the relay's mode (`lease`, `stream/`); leadership, sessions, cleanup and
+//! waiting for work are the same in every mode.
 
 use std::time::Duration;
 
-use diesel::sql_types::{Array, BigInt, Bool, Double, SmallInt, Text};
+use diesel::sql_types::{Double, Text};
 use diesel_async::RunQueryDsl;
 use outbox_core::relay::{
     Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayStore, ShardAssignment, StoreError,
@@ -11,12 +12,10 @@ use outbox_core::relay::{
 
 use super::sql::*;
 use super::stream::Outcome;
-use super::{PgRelayStore, Row, cleanup_query};
+use super::stream::StreamStore;
+use super::{PgRelayStore, cleanup_query, lease, shards};
 use crate::relay::base::server_methods;
-use crate::relay::common::{
-    CountRow, HolderRow, Prepared, ShardRow, Share, assignment, run_each, secs, settle_malformed,
-    share, split_malformed,
-};
+use crate::relay::common::{HolderRow, Prepared, run_each, secs, settle_malformed};
 
 impl RelayStore for PgRelayStore {
     /// The same database (the same URL, or the same connection factory) and session settings, no listener, no settler of its own; it
@@ -36,71 +35,36 @@ impl RelayStore for PgRelayStore {
 
     async fn claim(&mut self, claim: &Claim<'_>) -> Result<Vec<OutboxMessage>, StoreError> {
         if let ClaimOrder::Stream { dead_letters_block } = claim.order {
-            return self
-                .claim_stream(claim.relay, claim.limit, claim.lease, dead_letters_block)
+            let read_ahead = self.read_ahead;
+            return (self.stream)
+                .get_or_insert_with(|| StreamStore::new(read_ahead))
+                .claim(
+                    &mut self.base,
+                    claim.relay,
+                    claim.limit,
+                    claim.lease,
+                    dead_letters_block,
+                )
                 .await;
         }
-        let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX);
-        if !self.handed_over {
-            let conn = self.base.guarded("claim", claim.lease).await?;
-            let left = super::handover::left_behind(conn).await;
-            if let Some(left) = self.base.check("claim", left).await? {
-                return Err(StoreError::new("claim", left));
-            }
-            self.handed_over = true;
-        }
-        let conn = self.base.guarded("claim", claim.lease).await?;
-        let r = match claim.order {
-            ClaimOrder::Unordered => {
-                Prepared(
-                    diesel::sql_query(format!("{CLAIM_UNORDERED}{RETURNING}"))
-                        .bind::<Text, _>(claim.relay)
-                        .bind::<Double, _>(secs(claim.lease))
-                        .bind::<BigInt, _>(limit),
-                )
-                .load::<Row>(conn)
-                .await
-            }
-            ClaimOrder::Ordered {
-                owned_shards_only,
-                leader_only,
-                dead_letters_block,
-            } => {
-                Prepared(
-                    diesel::sql_query(format!("{CLAIM_ORDERED}{RETURNING}"))
-                        .bind::<Text, _>(claim.relay)
-                        .bind::<Double, _>(secs(claim.lease))
-                        .bind::<BigInt, _>(limit)
-                        .bind::<Bool, _>(owned_shards_only)
-                        .bind::<Bool, _>(leader_only)
-                        .bind::<Bool, _>(dead_letters_block)
-                        .bind::<diesel::sql_types::Nullable<BigInt>, _>(
-                            claim
-                                .look_ahead
-                                .map(|n| i64::try_from(n).unwrap_or(i64::MAX)),
-                        )
-                        .bind::<Array<BigInt>, _>(claim.settling),
-                )
-                .load::<Row>(conn)
-                .await
-            }
-            ClaimOrder::Stream { .. } => Ok(Vec::new()), // claimed above
-        };
-        let sorted = split_malformed(
-            self.base
-                .check("claim", r)
-                .await?
-                .into_iter()
-                .map(Row::into_message),
-        );
+        let sorted = self.lease.claim(&mut self.base, claim).await?;
         settle_malformed(self, claim.relay, sorted).await
     }
 
     /// Stream mode: writes the positions of the batch settled last and reads the rows after
     /// the batch in flight (see `stream/`).
     async fn overlap(&mut self, claim: &Claim<'_>) {
-        if let ClaimOrder::Stream { dead_letters_block } = claim.order {
-            self.overlap_stream(claim.relay, claim.limit, claim.lease, dead_letters_block)
+        if let (ClaimOrder::Stream { dead_letters_block }, Some(stream)) =
+            (claim.order, &mut self.stream)
+        {
+            stream
+                .overlap(
+                    &mut self.base,
+                    claim.relay,
+                    claim.limit,
+                    claim.lease,
+                    dead_letters_block,
+                )
                 .await;
         }
     }
@@ -111,74 +75,39 @@ impl RelayStore for PgRelayStore {
         seqs: &[i64],
         completion: Completion,
     ) -> Result<u64, StoreError> {
-        if self.stream.in_flight() {
-            let done = seqs.iter().map(|s| (*s, Outcome::Published));
-            return self.settle_stream(relay, done).await;
+        match &mut self.stream {
+            Some(stream) if stream.in_flight() => {
+                let done = seqs.iter().map(|s| (*s, Outcome::Published));
+                stream.settle(&mut self.base, relay, done).await
+            }
+            _ => lease::complete(&mut self.base, relay, seqs, completion).await,
         }
-        let sql = match completion {
-            Completion::MarkPublished => COMPLETE_MARK,
-            Completion::Delete => COMPLETE_DELETE,
-        };
-        let conn = self.base.conn().await?;
-        let r = Prepared(
-            diesel::sql_query(sql)
-                .bind::<Text, _>(relay)
-                .bind::<Array<BigInt>, _>(seqs),
-        )
-        .execute(conn)
-        .await;
-        self.base.check("mark published", r).await.map(|n| n as u64)
     }
 
     async fn fail(&mut self, relay: &str, failures: &[Failure]) -> Result<u64, StoreError> {
-        if self.stream.in_flight() {
-            let failed = failures.iter().map(|f| {
-                let outcome = match f.retry_after {
-                    Some(after) => Outcome::Failed(after),
-                    None => Outcome::Dead(f.error.clone()),
-                };
-                (f.seq, outcome)
-            });
-            return self.settle_stream(relay, failed).await;
+        match &mut self.stream {
+            Some(stream) if stream.in_flight() => {
+                let failed = failures.iter().map(|f| {
+                    let outcome = match f.retry_after {
+                        Some(after) => Outcome::Failed(after),
+                        None => Outcome::Dead(f.error.clone()),
+                    };
+                    (f.seq, outcome)
+                });
+                stream.settle(&mut self.base, relay, failed).await
+            }
+            _ => lease::fail(&mut self.base, relay, failures).await,
         }
-        let seqs: Vec<i64> = failures.iter().map(|f| f.seq).collect();
-        let delays: Vec<f64> = failures
-            .iter()
-            .map(|f| f.retry_after.map(secs).unwrap_or(0.0))
-            .collect();
-        let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
-        let dead: Vec<bool> = failures.iter().map(|f| f.retry_after.is_none()).collect();
-        let conn = self.base.conn().await?;
-        let r = Prepared(
-            diesel::sql_query(FAIL)
-                .bind::<Text, _>(relay)
-                .bind::<Array<BigInt>, _>(&seqs)
-                .bind::<Array<Double>, _>(&delays)
-                .bind::<Array<Text>, _>(&errors)
-                .bind::<Array<Bool>, _>(&dead),
-        )
-        .execute(conn)
-        .await;
-        self.base
-            .check("record failures", r)
-            .await
-            .map(|n| n as u64)
     }
 
     async fn release(&mut self, relay: &str, seqs: &[i64]) -> Result<u64, StoreError> {
-        if self.stream.in_flight() {
-            let back = seqs.iter().map(|s| (*s, Outcome::Released));
-            return self.settle_stream(relay, back).await;
+        match &mut self.stream {
+            Some(stream) if stream.in_flight() => {
+                let back = seqs.iter().map(|s| (*s, Outcome::Released));
+                stream.settle(&mut self.base, relay, back).await
+            }
+            _ => lease::release(&mut self.base, relay, seqs).await,
         }
-        let conn = self.base.conn().await?;
-        let r = Prepared(
-            diesel::sql_query(RELEASE)
-                .bind::<Text, _>(relay)
-                .bind::<Array<BigInt>, _>(seqs),
-        )
-        .execute(conn)
-        .await;
-        self.base.check("release", r).await.map(|n| n as u64)
     }
 
     async fn acquire_leadership(
@@ -205,73 +134,16 @@ impl RelayStore for PgRelayStore {
         relay: &str,
         lease: Duration,
     ) -> Result<ShardAssignment, StoreError> {
-        // Stream mode: positions owed are written while the shards are still this relay's.
-        self.flush_owed(relay).await?;
-        let conn = self.base.guarded("rebalance shards", lease).await?;
-        let mut gave_up = false;
-        let r = async {
-            Prepared(
-                diesel::sql_query(HEARTBEAT)
-                    .bind::<Text, _>(relay)
-                    .bind::<Double, _>(secs(lease)),
-            )
-            .execute(conn)
-            .await?;
-            Prepared(diesel::sql_query(FORGET_DEAD_RELAYS))
-                .execute(conn)
-                .await?;
-            let live = Prepared(diesel::sql_query(LIVE_RELAYS))
-                .get_result::<CountRow>(conn)
-                .await?
-                .n;
-            let mut owned: Vec<i16> = Prepared(
-                diesel::sql_query(RENEW_SHARDS)
-                    .bind::<Text, _>(relay)
-                    .bind::<Double, _>(secs(lease)),
-            )
-            .load::<ShardRow>(conn)
-            .await?
-            .into_iter()
-            .map(|r| r.shard)
-            .collect();
-            owned.sort_unstable();
-            match share(&mut owned, live) {
-                Share::GiveUp(surplus) => {
-                    Prepared(
-                        diesel::sql_query(GIVE_UP_SHARDS)
-                            .bind::<Text, _>(relay)
-                            .bind::<Array<SmallInt>, _>(&surplus),
-                    )
-                    .execute(conn)
-                    .await?;
-                    gave_up = true;
-                }
-                Share::Take(want) => {
-                    let taken = Prepared(
-                        diesel::sql_query(TAKE_SHARDS)
-                            .bind::<Text, _>(relay)
-                            .bind::<Double, _>(secs(lease))
-                            .bind::<BigInt, _>(want),
-                    )
-                    .load::<ShardRow>(conn)
-                    .await?;
-                    owned.extend(taken.into_iter().map(|r| r.shard));
-                    owned.sort_unstable();
-                }
-                Share::Keep => {}
-            }
-            Ok(assignment(owned, live))
+        match &mut self.stream {
+            Some(stream) => stream.rebalance(&mut self.base, relay, lease).await,
+            None => Ok(shards::rebalance(&mut self.base, relay, lease).await?.0),
         }
-        .await;
-        if gave_up {
-            // Stream mode: rows read ahead of the shards given up are their next owner's now.
-            self.stream.drop_ahead();
-        }
-        self.base.check("rebalance shards", r).await
     }
 
     async fn release_all(&mut self, relay: &str) -> Result<(), StoreError> {
-        self.flush_owed(relay).await?;
+        if let Some(stream) = &mut self.stream {
+            stream.flush_owed(&mut self.base, relay).await?;
+        }
         let Some(conn) = self.base.releasing().await? else {
             return Ok(());
         };

@@ -10,15 +10,15 @@ use diesel::sqlite::Sqlite;
 use diesel::{RunQueryDsl, SqliteConnection};
 use outbox_core::relay::{
     Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayStore,
-    ShardAssignment, StoreError,
+    ShardAssignment, Share, StoreError, share,
 };
 
 use super::sql::*;
 use super::{SqliteRelayStore, after, before, cleanup_query};
 use crate::backend::sqlite_timestamp;
 use crate::relay::common::{
-    CountRow, HolderRow, Malformed, ShardRow, Share, TextIdRow, assignment, mode_name, seq_lists,
-    settle_malformed, share, split_malformed,
+    CountRow, HolderRow, Malformed, ShardRow, TextIdRow, assignment, mode_name, seq_lists,
+    settle_malformed, split_malformed,
 };
 
 /// Runs `prefix(?, …)` over `seqs`, [`seq_lists`] statements, `bind` binding the prefix's
@@ -97,7 +97,7 @@ fn rebalance_in(
         .map(|r| r.shard)
         .collect();
     owned.sort_unstable();
-    match share(&mut owned, live) {
+    match share(&mut owned, usize::try_from(live).unwrap_or(1)) {
         Share::GiveUp(surplus) => {
             let surplus: Vec<i64> = surplus.into_iter().map(i64::from).collect();
             for_each_chunk(conn, GIVE_UP_SHARDS, &surplus, |q| q.bind::<Text, _>(relay))?;
@@ -107,7 +107,7 @@ fn rebalance_in(
                 .bind::<Text, _>(relay)
                 .bind::<Text, _>(&until)
                 .bind::<Text, _>(&at)
-                .bind::<BigInt, _>(want)
+                .bind::<BigInt, _>(i64::try_from(want).unwrap_or(i64::MAX))
                 .load::<ShardRow>(conn)?;
             owned.extend(taken.into_iter().map(|r| r.shard));
             owned.sort_unstable();

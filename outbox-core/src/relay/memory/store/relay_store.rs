@@ -8,7 +8,7 @@ use super::{HealthRow, MemoryStore, Row};
 use crate::SHARD_COUNT;
 use crate::relay::{
     Claim, ClaimOrder, Completion, Failure, OutboxMessage, RelayHealth, RelayIdInUse, RelayStore,
-    ShardAssignment, StoreError,
+    ShardAssignment, Share, StoreError, share,
 };
 
 /// Whether a live lease holds the row (anyone's: a relay does not claim its own leased rows
@@ -220,7 +220,6 @@ impl RelayStore for MemoryStore {
         s.relays.insert(relay.to_owned(), now + lease);
         s.relays.retain(|_, until| *until > now);
         let live = s.relays.len().max(1);
-        let fair = (usize::from(SHARD_COUNT)).div_ceil(live);
         // Every lease that names this relay is renewed, expired ones too (no other relay took
         // them), as the SQL stores renew `WHERE owner = relay`.
         let mut owned: Vec<i16> = s
@@ -230,22 +229,22 @@ impl RelayStore for MemoryStore {
             .map(|(k, _)| *k)
             .collect();
         owned.sort_unstable();
-        while owned.len() > fair {
-            if let Some(shard) = owned.pop() {
-                s.shards.remove(&shard);
+        match share(&mut owned, live) {
+            Share::GiveUp(surplus) => {
+                for shard in surplus {
+                    s.shards.remove(&shard);
+                }
             }
-        }
-        for shard in 0..SHARD_COUNT as i16 {
-            if owned.len() >= fair {
-                break;
+            Share::Take(want) => {
+                // Free: unleased, or its lease ran out (not one of this relay's own).
+                let free: Vec<i16> = (0..SHARD_COUNT as i16)
+                    .filter(|shard| !owned.contains(shard))
+                    .filter(|shard| s.shards.get(shard).is_none_or(|(_, until)| *until < now))
+                    .take(want)
+                    .collect();
+                owned.extend(free);
             }
-            let free = match s.shards.get(&shard) {
-                None => true,
-                Some((_, until)) => *until < now,
-            };
-            if free {
-                owned.push(shard);
-            }
+            Share::Keep => {}
         }
         for shard in &owned {
             s.shards.insert(*shard, (relay.to_owned(), now + lease));

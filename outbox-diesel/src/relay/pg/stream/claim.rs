@@ -7,60 +7,55 @@ use diesel::sql_types::{Array, BigInt, Bool, Nullable, SmallInt, Text};
 use diesel_async::RunQueryDsl;
 use outbox_core::relay::{OutboxMessage, StoreError};
 
+use super::StreamStore;
 use super::pending::{Ahead, AheadRow, Pending};
 use super::ring::{Ring, on_partition, snapshot_bounds};
 use super::sql::{
     ANALYZE_PARTITIONS, CANDIDATES, CandidateRow, POSITIONS, PositionRow, RELEASABLE, StatsRow,
 };
 use super::{IDLE_ADVANCE, Outcome, RELEASE_CHECK, STATS_CHECK, STATS_RETRY};
+use crate::relay::base::Base;
 use crate::relay::common::Prepared;
-use crate::relay::pg::PgRelayStore;
+use crate::relay::pg::PgConnector;
 
-impl PgRelayStore {
+impl StreamStore {
     /// A stream claim (see the module's documentation): a release batch if an aggregate is
     /// due for one, else the next delta.
-    pub(in crate::relay::pg) async fn claim_stream(
+    pub(in crate::relay::pg) async fn claim(
         &mut self,
+        base: &mut Base<PgConnector>,
         relay: &str,
         limit: usize,
         lease: Duration,
         dead_letters_block: bool,
     ) -> Result<Vec<OutboxMessage>, StoreError> {
         if dead_letters_block && !self.no_lease_dead {
-            let conn = self.base.guarded("claim", lease).await?;
+            let conn = base.guarded("claim", lease).await?;
             let dead = crate::relay::pg::handover::lease_dead_letters(conn).await;
-            if let Some(dead) = self.base.check("claim", dead).await? {
+            if let Some(dead) = base.check("claim", dead).await? {
                 return Err(StoreError::new("claim", dead));
             }
             self.no_lease_dead = true;
         }
-        if self.stream.pending.take().is_some() {
+        if self.pending.take().is_some() {
             // The engine claims only after the batch in flight settled; one left means its
             // settle gave up (the database was away past the lease): its rows come again.
             tracing::warn!("stream batch was not settled; its rows will be published again");
-            self.stream.ahead = None;
+            self.ahead = None;
         }
-        if self
-            .stream
-            .next_release_check
-            .is_none_or(|t| Instant::now() >= t)
-        {
-            let batch = self.claim_release(relay, limit, lease).await?;
+        if self.next_release_check.is_none_or(|t| Instant::now() >= t) {
+            let batch = self.claim_release(base, relay, limit, lease).await?;
             if !batch.is_empty() {
                 // The rows read ahead were parked behind what this releases: read again.
-                self.stream.ahead = None;
-                self.stream.next_release_check = None;
+                self.ahead = None;
+                self.next_release_check = None;
                 return Ok(batch);
             }
-            self.stream.next_release_check = Some(Instant::now() + RELEASE_CHECK);
+            self.next_release_check = Some(Instant::now() + RELEASE_CHECK);
         }
-        if self
-            .stream
-            .next_stats_check
-            .is_none_or(|t| Instant::now() >= t)
-        {
-            self.stream.next_stats_check = Some(Instant::now() + STATS_CHECK);
-            let conn = self.base.conn().await?;
+        if self.next_stats_check.is_none_or(|t| Instant::now() >= t) {
+            self.next_stats_check = Some(Instant::now() + STATS_CHECK);
+            let conn = base.conn().await?;
             let r = Prepared(diesel::sql_query(ANALYZE_PARTITIONS))
                 .get_result::<StatsRow>(conn)
                 .await;
@@ -68,9 +63,9 @@ impl PgRelayStore {
             // a huge partition) would otherwise fail every claim, each second, for as long as
             // it lasts. The claim goes on (a database outage fails it next, as any claim);
             // the check waits STATS_RETRY, and the ring's layout stays as last read.
-            match self.base.check("analyse new partitions", r).await {
+            match base.check("analyse new partitions", r).await {
                 Ok(row) => {
-                    self.stream.ring = match (row.slots, row.slot_xids) {
+                    self.ring = match (row.slots, row.slot_xids) {
                         (Some(slots), Some(slot_xids)) => Some(Ring { slots, slot_xids }),
                         _ => None,
                     };
@@ -82,7 +77,7 @@ impl PgRelayStore {
                     }
                 }
                 Err(e) => {
-                    self.stream.next_stats_check = Some(Instant::now() + STATS_RETRY);
+                    self.next_stats_check = Some(Instant::now() + STATS_RETRY);
                     tracing::warn!(error = %e, retry_in = ?STATS_RETRY, "could not analyse new partitions");
                 }
             }
@@ -94,7 +89,7 @@ impl PgRelayStore {
         // every such position past at least one row.
         for _ in 0..8 {
             if let Some(batch) = self
-                .claim_stream_round(relay, limit, lease, dead_letters_block)
+                .claim_round(base, relay, limit, lease, dead_letters_block)
                 .await?
             {
                 return Ok(batch);
@@ -109,17 +104,17 @@ impl PgRelayStore {
     /// still this relay's: each batch's `ADVANCE` is fenced by the shard leases and by the
     /// versions, and one fenced drops them); else the first `limit` of a new read of at least
     /// `read_ahead` rows, whose rest is kept.
-    pub(super) async fn claim_stream_round(
+    pub(super) async fn claim_round(
         &mut self,
+        base: &mut Base<PgConnector>,
         relay: &str,
         limit: usize,
         lease: Duration,
         dead_letters_block: bool,
     ) -> Result<Option<Vec<OutboxMessage>>, StoreError> {
         let now = Instant::now();
-        self.stream.holds.retain(|_, until| *until > now);
+        self.holds.retain(|_, until| *until > now);
         let kept = self
-            .stream
             .ahead
             .take()
             .filter(|a| a.rows.len() >= limit && a.read_at.elapsed() < lease / 4 && !a.assumes);
@@ -127,10 +122,10 @@ impl PgRelayStore {
             Some(ahead) => (ahead, false),
             None => {
                 // Whole batches: a short one tells the engine the outbox is drained.
-                let batches = self.stream.read_ahead.div_ceil(limit.max(1)).max(1);
+                let batches = self.read_ahead.div_ceil(limit.max(1)).max(1);
                 let read = limit.saturating_mul(batches);
                 match self
-                    .read_delta(relay, read, limit, lease, dead_letters_block, None)
+                    .read_delta(base, relay, read, limit, lease, dead_letters_block, None)
                     .await?
                 {
                     Some(read) => read,
@@ -167,25 +162,24 @@ impl PgRelayStore {
             outcomes,
         };
         if !ahead.rows.is_empty() {
-            self.stream.ahead = Some(ahead);
+            self.ahead = Some(ahead);
         }
         if messages.is_empty() {
             if bounded || !pending.outcomes.is_empty() {
-                self.advance(relay, &pending).await?;
+                self.advance(base, relay, &pending).await?;
                 return Ok(None);
             }
             // Nothing to publish: move the idle shards on, at most once per IDLE_ADVANCE.
             if self
-                .stream
                 .last_idle_advance
                 .is_none_or(|t| t.elapsed() >= IDLE_ADVANCE)
             {
-                self.stream.last_idle_advance = Some(Instant::now());
-                self.advance(relay, &pending).await?;
+                self.last_idle_advance = Some(Instant::now());
+                self.advance(base, relay, &pending).await?;
             }
             return Ok(Some(messages));
         }
-        self.stream.pending = Some(pending);
+        self.pending = Some(pending);
         Ok(Some(messages))
     }
 
@@ -196,6 +190,7 @@ impl PgRelayStore {
     /// leave them; without `given`, the batch settled last is written first.
     pub(super) async fn read_delta(
         &mut self,
+        base: &mut Base<PgConnector>,
         relay: &str,
         read: usize,
         limit: usize,
@@ -204,8 +199,8 @@ impl PgRelayStore {
         given: Option<&[(PositionRow, Option<String>)]>,
     ) -> Result<Option<(Ahead, bool)>, StoreError> {
         if given.is_none() {
-            self.flush_owed(relay).await?;
-            self.stream.malformed.clear();
+            self.flush_owed(base, relay).await?;
+            self.malformed.clear();
         }
         let given = given.unwrap_or_default();
         let g_shards: Vec<i16> = given.iter().map(|(p, _)| p.shard).collect();
@@ -229,12 +224,12 @@ impl PgRelayStore {
         // ended); one found there sizes the deltas as the parent would, and none (the
         // positions moved on to the next slot) ends them at the current snapshot, whose read
         // goes through the parent.
-        let ring = self.stream.ring;
-        let positions_sql = match ring.zip(self.stream.last_xmin).and_then(|(r, x)| r.slot(x)) {
+        let ring = self.ring;
+        let positions_sql = match ring.zip(self.last_xmin).and_then(|(r, x)| r.slot(x)) {
             Some(slot) => std::borrow::Cow::Owned(on_partition(POSITIONS, slot)),
             None => std::borrow::Cow::Borrowed(POSITIONS),
         };
-        let conn = self.base.guarded("claim", lease).await?;
+        let conn = base.guarded("claim", lease).await?;
         let r = Prepared(
             diesel::sql_query(positions_sql)
                 .bind::<Text, _>(relay)
@@ -247,8 +242,8 @@ impl PgRelayStore {
         )
         .load::<PositionRow>(conn)
         .await;
-        let mut positions = self.base.check("claim", r).await?;
-        positions.retain(|p| !self.stream.holds.contains_key(&p.shard));
+        let mut positions = base.check("claim", r).await?;
+        positions.retain(|p| !self.holds.contains_key(&p.shard));
         if positions.is_empty() {
             return Ok(None);
         }
@@ -271,12 +266,12 @@ impl PgRelayStore {
                     Some((lo.min(xmin), hi.max(xmax)))
                 })
         });
-        self.stream.last_xmin = range.map(|(lo, _)| lo);
+        self.last_xmin = range.map(|(lo, _)| lo);
         let candidates_sql = match ring.zip(range).and_then(|(r, (lo, hi))| r.slot_of(lo, hi)) {
             Some(slot) => std::borrow::Cow::Owned(on_partition(CANDIDATES, slot)),
             None => std::borrow::Cow::Borrowed(CANDIDATES),
         };
-        let conn = self.base.conn().await?;
+        let conn = base.conn().await?;
         let r = Prepared(
             diesel::sql_query(candidates_sql)
                 .bind::<Array<SmallInt>, _>(&shards)
@@ -288,7 +283,7 @@ impl PgRelayStore {
         )
         .load::<CandidateRow>(conn)
         .await;
-        let candidates = self.base.check("claim", r).await?;
+        let candidates = base.check("claim", r).await?;
         let full = candidates.len() >= read;
 
         let mut offered = HashMap::new();
@@ -302,9 +297,8 @@ impl PgRelayStore {
             } else {
                 match c.columns.into_message(Ok(c.id), c.created_at) {
                     // Looked up only while there are malformed rows (the key is two copies).
-                    Ok(m) if dead_letters_block && !self.stream.malformed.is_empty() => {
+                    Ok(m) if dead_letters_block && !self.malformed.is_empty() => {
                         match self
-                            .stream
                             .malformed
                             .get(&(m.aggregate_type.clone(), m.aggregate_id.clone()))
                         {
@@ -321,15 +315,12 @@ impl PgRelayStore {
                             seq, error = %bad.failure.error,
                             "stream: malformed event dead-lettered"
                         );
-                        self.stream
-                            .malformed
-                            .entry(bad.key().clone())
-                            .or_insert(seq);
+                        self.malformed.entry(bad.key().clone()).or_insert(seq);
                         Err(Outcome::Malformed(bad.failure.error))
                     }
                 }
                 .map(|mut m| {
-                    m.attempts += self.stream.attempts.get(&m.seq).copied().unwrap_or(0) + 1;
+                    m.attempts += self.attempts.get(&m.seq).copied().unwrap_or(0) + 1;
                     m
                 })
             };
@@ -350,14 +341,15 @@ impl PgRelayStore {
     /// order, as messages; empty if none is due.
     pub(super) async fn claim_release(
         &mut self,
+        base: &mut Base<PgConnector>,
         relay: &str,
         limit: usize,
         lease: Duration,
     ) -> Result<Vec<OutboxMessage>, StoreError> {
         let now = Instant::now();
-        self.stream.holds.retain(|_, until| *until > now);
-        let held: Vec<i16> = self.stream.holds.keys().copied().collect();
-        let conn = self.base.guarded("claim", lease).await?;
+        self.holds.retain(|_, until| *until > now);
+        let held: Vec<i16> = self.holds.keys().copied().collect();
+        let conn = base.guarded("claim", lease).await?;
         let r = Prepared(
             diesel::sql_query(RELEASABLE)
                 .bind::<Text, _>(relay)
@@ -366,7 +358,7 @@ impl PgRelayStore {
         )
         .load::<CandidateRow>(conn)
         .await;
-        let candidates = self.base.check("claim dead letters to release", r).await?;
+        let candidates = base.check("claim dead letters to release", r).await?;
         let mut rows = Vec::new();
         let mut messages = Vec::new();
         let mut outcomes = HashMap::new();
@@ -375,7 +367,7 @@ impl PgRelayStore {
             rows.push((seq, c.stream_shard));
             match c.columns.into_message(Ok(c.id), c.created_at) {
                 Ok(mut m) => {
-                    m.attempts += self.stream.attempts.get(&m.seq).copied().unwrap_or(0) + 1;
+                    m.attempts += self.attempts.get(&m.seq).copied().unwrap_or(0) + 1;
                     messages.push(m);
                 }
                 Err(bad) => {
@@ -400,10 +392,10 @@ impl PgRelayStore {
         };
         if messages.is_empty() {
             // Only malformed copies: dead letters again.
-            self.settle_release(relay, &pending).await?;
+            self.settle_release(base, relay, &pending).await?;
             return Ok(messages);
         }
-        self.stream.pending = Some(pending);
+        self.pending = Some(pending);
         Ok(messages)
     }
 }

@@ -40,7 +40,7 @@
 //! statement. So the store does its statements while the next batch is published
 //! (`RelayStore::overlap`, called by the relay once each publish has started):
 //! - a batch passed whole (every event published or parked) and followed by rows read ahead
-//!   is settled in memory; its `ADVANCE` is *owed* (`StreamState::owed`) and written beside
+//!   is settled in memory; its `ADVANCE` is *owed* (`StreamStore::owed`) and written beside
 //!   the next batch's publish. The next batch may be published first because nothing of this
 //!   one holds an aggregate back; an event that failed, an outage or a dead letter writes at
 //!   once, as before. One write is owed at most: every other statement that reads or moves
@@ -148,12 +148,17 @@ impl Outcome {
 /// ([`PgRelayStore::stream_read_ahead`]).
 pub const READ_AHEAD: usize = 3_000;
 
-/// Stream mode's state in the store (in memory: the database holds only the positions).
+/// Stream mode's store: its claims, settles and positions (see the module's notes), on the
+/// connection of the [`PgRelayStore`](super::PgRelayStore) it serves. What it keeps is in
+/// memory; the database holds only the positions.
 #[derive(Default)]
-pub(super) struct StreamState {
+pub(super) struct StreamStore {
+    /// Whether a claim that keeps dead letters blocking found no dead letter of the lease
+    /// modes (see [`handover`](super::handover)); looked for until it does.
+    no_lease_dead: bool,
     /// Rows a claim reads at least.
     pub(super) read_ahead: usize,
-    /// Rows read past the batch in flight, for the next claims (see `claim_stream_round`).
+    /// Rows read past the batch in flight, for the next claims (see `claim_round`).
     ahead: Option<Ahead>,
     pending: Option<Pending>,
     /// A batch settled in memory whose `ADVANCE` is not yet written: a clean batch followed by
@@ -179,11 +184,11 @@ pub(super) struct StreamState {
     malformed: HashMap<(String, String), i64>,
 }
 
-impl StreamState {
-    pub(super) fn new() -> Self {
-        StreamState {
-            read_ahead: READ_AHEAD,
-            ..StreamState::default()
+impl StreamStore {
+    pub(super) fn new(read_ahead: usize) -> Self {
+        StreamStore {
+            read_ahead,
+            ..StreamStore::default()
         }
     }
 

@@ -46,7 +46,7 @@ pub(super) struct Ahead {
     pub(super) full: bool,
     pub(super) rows: std::collections::VecDeque<AheadRow>,
     pub(super) read_at: Instant,
-    /// Read while the batch in flight was published (`overlap_stream`): `positions` are
+    /// Read while the batch in flight was published (`overlap`): `positions` are
     /// already where that batch's `ADVANCE` leaves them, so the rows are kept only if the
     /// batch is passed whole.
     pub(super) assumes: bool,

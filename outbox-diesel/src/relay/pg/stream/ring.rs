@@ -48,6 +48,7 @@ pub(super) fn snapshot_bounds(snap: &str) -> Option<(i64, i64)> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::sql::{CANDIDATES, POSITIONS};
     use super::*;
 
     #[test]

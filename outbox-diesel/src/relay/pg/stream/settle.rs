@@ -4,24 +4,27 @@ use std::time::{Duration, Instant};
 
 use diesel::sql_types::{Array, BigInt, Integer, Nullable, SmallInt, Text};
 use diesel_async::RunQueryDsl;
-use outbox_core::relay::StoreError;
+use outbox_core::relay::{ShardAssignment, StoreError};
 
 use super::Outcome;
+use super::StreamStore;
 use super::pending::{Advance, DeadRows, Pending, advanced, assumed_positions, clean};
 use super::sql::{ADVANCE, PositionRow, SETTLE_RELEASE};
+use crate::relay::base::Base;
 use crate::relay::common::{CountRow, Prepared};
-use crate::relay::pg::PgRelayStore;
+use crate::relay::pg::PgConnector;
 
-impl PgRelayStore {
+impl StreamStore {
     /// Records the outcome of `seqs` of the stream batch in flight; once every event of the
     /// batch has one, advances the positions (or settles the release). Returns how many of
     /// `seqs` count as settled (0 if the write was fenced: another relay owns the shards now).
-    pub(in crate::relay::pg) async fn settle_stream(
+    pub(in crate::relay::pg) async fn settle(
         &mut self,
+        base: &mut Base<PgConnector>,
         relay: &str,
         seqs: impl Iterator<Item = (i64, Outcome)>,
     ) -> Result<u64, StoreError> {
-        let Some(mut p) = self.stream.pending.take() else {
+        let Some(mut p) = self.pending.take() else {
             return Ok(0);
         };
         let mut n = 0u64;
@@ -37,7 +40,7 @@ impl PgRelayStore {
             }
         }
         if p.outcomes.len() < p.rows.len() {
-            self.stream.pending = Some(p);
+            self.pending = Some(p);
             return Ok(n);
         }
         let now = Instant::now();
@@ -52,39 +55,39 @@ impl PgRelayStore {
                 }
                 Some(Outcome::Dead(_)) => counted.push(*seq),
                 Some(Outcome::Published) => {
-                    self.stream.attempts.remove(seq);
+                    self.attempts.remove(seq);
                 }
                 _ => {}
             }
         }
         for seq in &counted {
-            *self.stream.attempts.entry(*seq).or_insert(0) += 1;
+            *self.attempts.entry(*seq).or_insert(0) += 1;
         }
-        if !p.release && clean(&p) && self.stream.ahead.is_some() {
+        if !p.release && clean(&p) && self.ahead.is_some() {
             // Passed whole, and rows read ahead follow it: their next batch may be published
-            // before these positions are written (`overlap_stream` writes them meanwhile),
+            // before these positions are written (`overlap` writes them meanwhile),
             // since nothing of this batch holds an aggregate back. One write owed at most.
-            if let Err(e) = self.flush_owed(relay).await {
-                self.stream.pending = Some(p);
+            if let Err(e) = self.flush_owed(base, relay).await {
+                self.pending = Some(p);
                 return Err(e);
             }
             let next = advanced(&p);
             self.keep_ahead(&p, &next, true);
             if !next.is_empty() {
-                self.stream.owed = Some(p);
+                self.owed = Some(p);
             }
             return Ok(n);
         }
         // Put back if not written: the engine calls again.
         let written = if p.release {
-            self.settle_release(relay, &p).await
+            self.settle_release(base, relay, &p).await
         } else {
-            self.advance(relay, &p).await
+            self.advance(base, relay, &p).await
         };
         match written {
             Ok(fenced) => {
                 for (shard, until) in holds {
-                    let e = self.stream.holds.entry(shard).or_insert(until);
+                    let e = self.holds.entry(shard).or_insert(until);
                     *e = (*e).max(until);
                 }
                 // A dead letter's count went with its copy.
@@ -93,18 +96,18 @@ impl PgRelayStore {
                         p.outcomes.get(seq),
                         Some(Outcome::Dead(_) | Outcome::Malformed(_))
                     ) {
-                        self.stream.attempts.remove(seq);
+                        self.attempts.remove(seq);
                     }
                 }
                 Ok(if fenced { 0 } else { n })
             }
             Err(e) => {
                 for seq in &counted {
-                    if let Some(a) = self.stream.attempts.get_mut(seq) {
+                    if let Some(a) = self.attempts.get_mut(seq) {
                         *a -= 1;
                     }
                 }
-                self.stream.pending = Some(p);
+                self.pending = Some(p);
                 Err(e)
             }
         }
@@ -113,32 +116,41 @@ impl PgRelayStore {
     /// Writes the positions `p` comes to, with the copies of the dead letters and parked
     /// events they pass (after the write owed, if any); `true` if some were fenced (not
     /// written).
-    pub(super) async fn advance(&mut self, relay: &str, p: &Pending) -> Result<bool, StoreError> {
-        self.flush_owed(relay).await?;
+    pub(super) async fn advance(
+        &mut self,
+        base: &mut Base<PgConnector>,
+        relay: &str,
+        p: &Pending,
+    ) -> Result<bool, StoreError> {
+        self.flush_owed(base, relay).await?;
         let next = advanced(p);
         if next.is_empty() {
             self.keep_ahead(p, &next, true);
             return Ok(false);
         }
-        let all = self.write_advance(relay, p, &next).await?;
+        let all = self.write_advance(base, relay, p, &next).await?;
         self.keep_ahead(p, &next, all);
         Ok(!all)
     }
 
     /// Writes the positions of the batch settled last, if they are owed (see `owed`); the
     /// rows read ahead go if some were fenced. Kept owed if the write fails.
-    pub(in crate::relay::pg) async fn flush_owed(&mut self, relay: &str) -> Result<(), StoreError> {
-        let Some(p) = self.stream.owed.take() else {
+    pub(in crate::relay::pg) async fn flush_owed(
+        &mut self,
+        base: &mut Base<PgConnector>,
+        relay: &str,
+    ) -> Result<(), StoreError> {
+        let Some(p) = self.owed.take() else {
             return Ok(());
         };
-        match self.write_advance(relay, &p, &advanced(&p)).await {
+        match self.write_advance(base, relay, &p, &advanced(&p)).await {
             Ok(true) => Ok(()),
             Ok(false) => {
-                self.stream.ahead = None;
+                self.ahead = None;
                 Ok(())
             }
             Err(e) => {
-                self.stream.owed = Some(p);
+                self.owed = Some(p);
                 Err(e)
             }
         }
@@ -148,6 +160,7 @@ impl PgRelayStore {
     /// were fenced, and logged).
     pub(super) async fn write_advance(
         &mut self,
+        base: &mut Base<PgConnector>,
         relay: &str,
         p: &Pending,
         next: &[Advance],
@@ -156,7 +169,7 @@ impl PgRelayStore {
         for a in next {
             for seq in &a.passed {
                 if let Some(outcome) = p.outcomes.get(seq) {
-                    dead.push(*seq, outcome, &self.stream.attempts);
+                    dead.push(*seq, outcome, &self.attempts);
                 }
             }
         }
@@ -165,7 +178,7 @@ impl PgRelayStore {
         let curs: Vec<Option<&str>> = next.iter().map(|a| a.cur.as_deref()).collect();
         let cursors: Vec<i64> = next.iter().map(|a| a.next.cur_seq).collect();
         let versions: Vec<i64> = next.iter().map(|a| a.next.version).collect();
-        let conn = self.base.conn().await?;
+        let conn = base.conn().await?;
         let r = Prepared(
             diesel::sql_query(ADVANCE)
                 .bind::<Text, _>(relay)
@@ -181,7 +194,7 @@ impl PgRelayStore {
         )
         .get_result::<CountRow>(conn)
         .await;
-        let written = self.base.check("advance stream positions", r).await?.n as usize;
+        let written = base.check("advance stream positions", r).await?.n as usize;
         if written < next.len() {
             tracing::warn!(
                 fenced = next.len() - written,
@@ -197,15 +210,15 @@ impl PgRelayStore {
     /// parked (a failure holds its shard, an outage hands the batch back, and a new dead
     /// letter must park its aggregate's later events, which the read did not know of).
     pub(super) fn keep_ahead(&mut self, p: &Pending, next: &[Advance], all: bool) {
-        let Some(ahead) = self.stream.ahead.as_mut() else {
+        let Some(ahead) = self.ahead.as_mut() else {
             return;
         };
         if !(all && clean(p)) {
-            self.stream.ahead = None;
+            self.ahead = None;
             return;
         }
         if std::mem::take(&mut ahead.assumes) {
-            // Read at the positions `next` (see `overlap_stream`).
+            // Read at the positions `next` (see `overlap`).
             return;
         }
         for a in next {
@@ -225,38 +238,42 @@ impl PgRelayStore {
     /// whole and every position written (`keep_ahead`), and for a quarter of the lease as any
     /// read. Errors are left to the calls that need the work: the next settle writes what is
     /// owed, the next claim reads.
-    pub(in crate::relay::pg) async fn overlap_stream(
+    pub(in crate::relay::pg) async fn overlap(
         &mut self,
+        base: &mut Base<PgConnector>,
         relay: &str,
         limit: usize,
         lease: Duration,
         dead_letters_block: bool,
     ) {
-        if let Err(e) = self.flush_owed(relay).await {
+        if let Err(e) = self.flush_owed(base, relay).await {
             tracing::debug!(error = %e, "stream positions not written beside the publish");
             return;
         }
-        let Some(p) = self.stream.pending.as_ref().filter(|p| !p.release) else {
+        let Some(p) = self.pending.as_ref().filter(|p| !p.release) else {
             return;
         };
-        if self
-            .stream
-            .ahead
-            .as_ref()
-            .is_some_and(|a| a.rows.len() >= limit)
-        {
+        if self.ahead.as_ref().is_some_and(|a| a.rows.len() >= limit) {
             return;
         }
         let given = assumed_positions(p);
-        let batches = self.stream.read_ahead.div_ceil(limit.max(1)).max(1);
+        let batches = self.read_ahead.div_ceil(limit.max(1)).max(1);
         let read = limit.saturating_mul(batches);
         match self
-            .read_delta(relay, read, limit, lease, dead_letters_block, Some(&given))
+            .read_delta(
+                base,
+                relay,
+                read,
+                limit,
+                lease,
+                dead_letters_block,
+                Some(&given),
+            )
             .await
         {
             Ok(Some((mut ahead, _))) if ahead.rows.len() >= limit => {
                 ahead.assumes = true;
-                self.stream.ahead = Some(ahead);
+                self.ahead = Some(ahead);
             }
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "stream rows not read beside the publish"),
@@ -267,10 +284,11 @@ impl PgRelayStore {
     /// good dead letters again; `true` if some were fenced (their shard moved on).
     pub(super) async fn settle_release(
         &mut self,
+        base: &mut Base<PgConnector>,
         relay: &str,
         p: &Pending,
     ) -> Result<bool, StoreError> {
-        self.flush_owed(relay).await?;
+        self.flush_owed(base, relay).await?;
         let published: Vec<i64> = p
             .rows
             .iter()
@@ -281,14 +299,14 @@ impl PgRelayStore {
         for (seq, _) in &p.rows {
             if let Some(outcome @ (Outcome::Dead(_) | Outcome::Malformed(_))) = p.outcomes.get(seq)
             {
-                dead.push(*seq, outcome, &self.stream.attempts);
+                dead.push(*seq, outcome, &self.attempts);
             }
         }
         let expected = published.len() + dead.seqs.len();
         if expected == 0 {
             return Ok(false);
         }
-        let conn = self.base.conn().await?;
+        let conn = base.conn().await?;
         let r = Prepared(
             diesel::sql_query(SETTLE_RELEASE)
                 .bind::<Text, _>(relay)
@@ -299,7 +317,7 @@ impl PgRelayStore {
         )
         .get_result::<CountRow>(conn)
         .await;
-        let written = self.base.check("settle released dead letters", r).await?.n as usize;
+        let written = base.check("settle released dead letters", r).await?.n as usize;
         if written < expected {
             tracing::warn!(
                 fenced = expected - written,
@@ -307,5 +325,24 @@ impl PgRelayStore {
             );
         }
         Ok(written < expected)
+    }
+}
+
+impl StreamStore {
+    /// [`shards::rebalance`](super::super::shards::rebalance), with the positions owed written
+    /// first (while the shards are still this relay's), and the rows read ahead dropped if
+    /// shards were given up (they are their next owner's now).
+    pub(in crate::relay::pg) async fn rebalance(
+        &mut self,
+        base: &mut Base<PgConnector>,
+        relay: &str,
+        lease: Duration,
+    ) -> Result<ShardAssignment, StoreError> {
+        self.flush_owed(base, relay).await?;
+        let (assignment, gave_up) = super::super::shards::rebalance(base, relay, lease).await?;
+        if gave_up {
+            self.drop_ahead();
+        }
+        Ok(assignment)
     }
 }

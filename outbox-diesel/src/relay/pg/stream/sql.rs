@@ -36,7 +36,7 @@ pub(super) struct StatsRow {
 /// The positions of the shards in `$3` are taken as given (`$3`..`$7`: shard, last snapshot,
 /// the snapshot being consumed or null, cursor, version) instead of from the table: a read
 /// made while a batch is in flight starts where that batch's `ADVANCE` will leave them (see
-/// `overlap_stream`). Empty arrays: every position from the table.
+/// `overlap`). Empty arrays: every position from the table.
 pub const POSITIONS: &str = "WITH mine AS MATERIALIZED ( \
          SELECT g.shard, g.last_snap::pg_snapshot AS last_snapshot, \
              g.cur_snap::pg_snapshot AS cur_snapshot, g.cur_seq, g.version \
