@@ -17,15 +17,24 @@
 //!   asks for ([`connect`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// `macro_use`: the backends' modules (`pg`, `mysql`, `sqlite`, declared after it) implement
+// `OutboxBackend` with its macros.
+#[macro_use]
 mod backend;
 mod error;
 pub mod fault;
 mod idempotent;
 pub mod inbox;
 pub mod migrations;
+#[cfg(feature = "mysql_backend")]
+mod mysql;
 pub mod notify;
 mod order;
+#[cfg(feature = "postgres_backend")]
+mod pg;
 mod rollback;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 mod sync;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]

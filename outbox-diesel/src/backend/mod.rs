@@ -294,25 +294,15 @@ macro_rules! bind_common {
 // `text_id` first: its macro is used by the modules after it.
 #[cfg(any(feature = "mysql_backend", feature = "sqlite"))]
 #[macro_use]
-mod text_id;
+pub(crate) mod text_id;
 
 #[cfg(any(
     feature = "postgres_backend",
     feature = "mysql_backend",
     feature = "sqlite"
 ))]
-mod insert;
-#[cfg(feature = "mysql_backend")]
-mod mysql;
-#[cfg(feature = "postgres_backend")]
-mod pg;
-#[cfg(feature = "postgres_backend")]
-mod pg_unnest;
-#[cfg(feature = "sqlite")]
-mod sqlite;
-
-#[cfg(all(feature = "sqlite", feature = "relay"))]
-pub(crate) use sqlite::sqlite_timestamp;
+#[macro_use]
+pub(crate) mod insert;
 
 pub(crate) mod private {
     pub trait Sealed {}
@@ -333,7 +323,7 @@ const MAX_WINDOW: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
     feature = "mysql_backend",
     feature = "sqlite"
 ))]
-fn clamp(window: Duration) -> Duration {
+pub(crate) fn clamp(window: Duration) -> Duration {
     window.min(MAX_WINDOW)
 }
 
@@ -342,6 +332,6 @@ fn clamp(window: Duration) -> Duration {
     feature = "mysql_backend",
     feature = "sqlite"
 ))]
-fn limit_of(limit: usize) -> i64 {
+pub(crate) fn limit_of(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }

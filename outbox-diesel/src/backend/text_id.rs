@@ -20,7 +20,7 @@ macro_rules! text_id_row {
 /// The computed values of a row for MySQL and SQLite.
 #[doc(hidden)]
 pub struct TextIdRow<T> {
-    pub(super) id: String,
-    pub(super) headers: String,
-    pub(super) at: T,
+    pub(crate) id: String,
+    pub(crate) headers: String,
+    pub(crate) at: T,
 }

@@ -13,43 +13,37 @@
 
 #[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
 pub mod admin;
-mod base;
-mod common;
-mod created_at;
-#[cfg(feature = "mysql_backend")]
-mod mysql;
-#[cfg(feature = "postgres_backend")]
-mod pg;
-#[cfg(feature = "sqlite")]
-mod sqlite;
+pub(crate) mod base;
+pub(crate) mod common;
+pub(crate) mod created_at;
 
-pub use common::{ConnectError, connect_error};
 #[cfg(feature = "mysql_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-pub use mysql::MysqlRelayStore;
+pub use crate::mysql::relay::MysqlRelayStore;
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use pg::PgRelayStore;
+pub use crate::pg::relay::PgRelayStore;
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use pg::handover::{Handover, LeaseDeadLetters, StreamLeftBehind};
+pub use crate::pg::relay::handover::{Handover, LeaseDeadLetters, StreamLeftBehind};
 /// How many rows a stream-mode claim reads at least by default
 /// ([`PgRelayStore::stream_read_ahead`]).
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use pg::stream::READ_AHEAD as PG_STREAM_READ_AHEAD;
+pub use crate::pg::relay::stream::READ_AHEAD as PG_STREAM_READ_AHEAD;
+pub use common::{ConnectError, connect_error};
 /// Stream mode's partition ring on PostgreSQL ([`admin::Admin::partition_events`]).
 #[cfg(feature = "postgres_backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod partitions {
-    pub use super::pg::partition::{
+    pub use crate::pg::relay::partition::{
         DEFAULT_SLOT_XIDS, DEFAULT_SLOTS, MAX_RING_XIDS, MAX_SLOTS, MIN_SLOTS, ROTATE_LOCK_WAIT,
         Rotated, max_slot_xids,
     };
 }
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use sqlite::SqliteRelayStore;
+pub use crate::sqlite::relay::SqliteRelayStore;
 
 /// The claim statements and the relay session's settings, for tests that inspect their plans.
 /// Not public API.
@@ -58,12 +52,12 @@ pub mod __sql {
     #[cfg(feature = "postgres_backend")]
     pub use super::common::Prepared as PgPrepared;
     #[cfg(feature = "postgres_backend")]
-    pub use super::pg::sessions::REAP as PG_REAP;
+    pub use crate::pg::relay::sessions::REAP as PG_REAP;
     #[cfg(feature = "postgres_backend")]
-    pub use super::pg::sql::{
+    pub use crate::pg::relay::sql::{
         CLAIM_ORDERED as PG_CLAIM_ORDERED, CLAIM_UNORDERED as PG_CLAIM_UNORDERED,
         SESSION_SQL as PG_SESSION_SQL,
     };
     #[cfg(feature = "postgres_backend")]
-    pub use super::pg::stream::CANDIDATES as PG_STREAM_CANDIDATES;
+    pub use crate::pg::relay::stream::CANDIDATES as PG_STREAM_CANDIDATES;
 }

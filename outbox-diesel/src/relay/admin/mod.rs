@@ -2,8 +2,8 @@
 //!
 //! [`Admin`] wraps one diesel-async connection (`AsyncPgConnection`,
 //! `AsyncMysqlConnection`, or `SyncConnectionWrapper<SqliteConnection>`) and runs each
-//! operation as short statements of that backend's own SQL (in `admin/pg.rs`, `mysql.rs`,
-//! `sqlite.rs`). Nothing here holds a lock across statements, so an operator can run it next
+//! operation as short statements of that backend's own SQL (in `pg/admin.rs`, `mysql/admin.rs`,
+//! `sqlite/admin.rs`). Nothing here holds a lock across statements, so an operator can run it next
 //! to live relays.
 //!
 //! - [`Admin::status`]: counts by state, the oldest pending event, aggregates blocked behind
@@ -27,16 +27,10 @@
 //! # Ok(()) }
 //! ```
 
-mod backend;
-#[cfg(feature = "mysql_backend")]
-mod mysql;
-#[cfg(feature = "postgres_backend")]
-mod pg;
-#[cfg(feature = "sqlite")]
-mod sqlite;
-mod types;
+pub(crate) mod connection;
+pub(crate) mod types;
 
-pub use backend::AdminConnection;
+pub use connection::AdminConnection;
 pub use types::{
     AdminError, DeadLetter, Filter, OpenTransaction, RelayInfo, RingStatus, Rotated, Sample,
     Status, StreamStatus,
@@ -58,7 +52,7 @@ pub const DEFAULT_REPLAY_BATCH: usize = 10_000;
 
 /// The admin operations over one connection. See the [module docs](self).
 pub struct Admin<C> {
-    conn: C,
+    pub(crate) conn: C,
 }
 
 impl<C: AdminConnection> Admin<C> {

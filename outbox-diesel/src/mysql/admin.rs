@@ -9,13 +9,15 @@ use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
 use diesel::sql_types::{BigInt, Datetime, Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 
-use super::backend::server::{clock, stamp};
-use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
-use super::types::{
+use crate::mysql::relay::cleanup_query;
+use crate::relay::admin::connection::server::{clock, stamp};
+use crate::relay::admin::connection::{
+    AdminConnection, Sealed, admin_connection, filtered_statements,
+};
+use crate::relay::admin::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
     Sample, Status, StreamRow, db,
 };
-use crate::relay::mysql::cleanup_query;
 
 macro_rules! filter {
     () => {

@@ -14,14 +14,14 @@ use super::sql::{
     ANALYZE_PARTITIONS, CANDIDATES, CandidateRow, POSITIONS, PositionRow, RELEASABLE, StatsRow,
 };
 use super::{IDLE_ADVANCE, Outcome, RELEASE_CHECK, STATS_CHECK, STATS_RETRY};
+use crate::pg::relay::PgConnector;
 use crate::relay::base::Base;
 use crate::relay::common::Prepared;
-use crate::relay::pg::PgConnector;
 
 impl StreamStore {
     /// A stream claim (see the module's documentation): a release batch if an aggregate is
     /// due for one, else the next delta.
-    pub(in crate::relay::pg) async fn claim(
+    pub(in crate::pg::relay) async fn claim(
         &mut self,
         base: &mut Base<PgConnector>,
         relay: &str,
@@ -31,7 +31,7 @@ impl StreamStore {
     ) -> Result<Vec<OutboxMessage>, StoreError> {
         if dead_letters_block && !self.no_lease_dead {
             let conn = base.guarded("claim", lease).await?;
-            let dead = crate::relay::pg::handover::lease_dead_letters(conn).await;
+            let dead = crate::pg::relay::handover::lease_dead_letters(conn).await;
             if let Some(dead) = base.check("claim", dead).await? {
                 return Err(StoreError::new("claim", dead));
             }

@@ -15,11 +15,11 @@ use outbox_core::relay::{
 
 use super::sql::*;
 use super::{SqliteRelayStore, after, before, cleanup_query};
-use crate::backend::sqlite_timestamp;
 use crate::relay::common::{
     CountRow, HolderRow, Malformed, ShardRow, TextIdRow, assignment, mode_name, seq_lists,
     settle_malformed, split_malformed,
 };
+use crate::sqlite::sqlite_timestamp;
 
 /// Runs `prefix(?, …)` over `seqs`, [`seq_lists`] statements, `bind` binding the prefix's
 /// own parameters; returns the rows changed.

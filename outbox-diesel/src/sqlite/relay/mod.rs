@@ -1,6 +1,6 @@
 //! The SQLite relay store: its statements in `sql`, its `RelayStore` methods in `store`.
 
-pub(super) mod sql;
+pub(crate) mod sql;
 mod store;
 
 use std::time::Duration;
@@ -12,10 +12,10 @@ use diesel::sqlite::Sqlite;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use outbox_core::relay::StoreError;
 
-use super::base::{Base, Connector, Source};
-use super::common::MAX_INTERVAL;
-use super::common::Statement;
-use crate::backend::sqlite_timestamp;
+use crate::relay::base::{Base, Connector, Source};
+use crate::relay::common::MAX_INTERVAL;
+use crate::relay::common::Statement;
+use crate::sqlite::sqlite_timestamp;
 
 use sql::{CLEANUP, SESSION_SQL, busy_timeout};
 

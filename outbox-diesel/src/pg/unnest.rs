@@ -19,8 +19,8 @@ use diesel::query_builder::AstPass;
 use diesel::sql_types::{Array, Integer, Nullable, SmallInt, Text, Timestamptz, Uuid};
 use outbox_core::NewMessage;
 
-use super::insert::{CACHED_ROWS, INSERT_COLUMNS, walk_values};
-use super::{OUTBOX_TABLE, OutboxBackend};
+use crate::backend::insert::{CACHED_ROWS, INSERT_COLUMNS, walk_values};
+use crate::backend::{OUTBOX_TABLE, OutboxBackend};
 
 /// What follows `INSERT INTO outbox_events (columns)` up to the arrays. `unnest` of several
 /// arrays is a function scan that yields its rows in array order, so `seq` (a sequence default,

@@ -6,7 +6,7 @@ use diesel::query_builder::{AstPass, BoxedSqlQuery, SqlQuery};
 use diesel::sql_types::{BigInt, Text};
 use outbox_core::NewMessage;
 
-use super::{OutboxBackend, clamp, limit_of, private};
+use crate::backend::{OutboxBackend, clamp, limit_of, private};
 use crate::migrations::Migration;
 
 impl private::Sealed for diesel::pg::Pg {}
@@ -47,10 +47,10 @@ impl OutboxBackend for diesel::pg::Pg {
         .bind::<BigInt, _>(limit_of(limit))
     }
 
-    type Rows<'a> = super::pg_unnest::PgRows<'a>;
+    type Rows<'a> = super::unnest::PgRows<'a>;
 
     fn rows(messages: &[NewMessage]) -> Self::Rows<'_> {
-        super::pg_unnest::PgRows::new(messages)
+        super::unnest::PgRows::new(messages)
     }
 
     fn walk_insert<'a, 'b>(
@@ -59,6 +59,6 @@ impl OutboxBackend for diesel::pg::Pg {
         keep_existing: bool,
         out: AstPass<'_, 'b, Self>,
     ) -> diesel::QueryResult<()> {
-        super::pg_unnest::walk_insert(messages, rows, keep_existing, out)
+        super::unnest::walk_insert(messages, rows, keep_existing, out)
     }
 }

@@ -13,13 +13,15 @@ use diesel::sqlite::Sqlite;
 use diesel_async::RunQueryDsl;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
-use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
-use super::types::{
+use crate::relay::admin::connection::{
+    AdminConnection, Sealed, admin_connection, filtered_statements,
+};
+use crate::relay::admin::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
     Sample, Status, StreamRow, db,
 };
-use crate::backend::sqlite_timestamp;
-use crate::relay::sqlite::cleanup_query;
+use crate::sqlite::relay::cleanup_query;
+use crate::sqlite::sqlite_timestamp;
 
 macro_rules! filter {
     () => {

@@ -5,11 +5,11 @@ pub(crate) mod handover;
 mod lease;
 mod listener;
 pub(crate) mod partition;
-pub(super) mod sessions;
+pub(crate) mod sessions;
 mod shards;
-pub(super) mod sql;
+pub(crate) mod sql;
 mod store;
-pub(super) mod stream;
+pub(crate) mod stream;
 
 use std::time::Duration;
 
@@ -19,9 +19,9 @@ use diesel::sql_types::{BigInt, Double, Timestamptz};
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use outbox_core::relay::{OutboxMessage, RelayHealth, RelayIdInUse, StoreError};
 
-use super::base::{Base, Connector, Source};
-use super::common::Statement;
-use super::common::{ClaimedColumns, CreatedAt, Malformed};
+use crate::relay::base::{Base, Connector, Source};
+use crate::relay::common::Statement;
+use crate::relay::common::{ClaimedColumns, CreatedAt, Malformed};
 
 use sql::{APPLICATION_NAME_SQL, ASYNC_COMMIT_SQL, CLEANUP, SESSION_SQL};
 
@@ -30,7 +30,7 @@ use sql::{APPLICATION_NAME_SQL, ASYNC_COMMIT_SQL, CLEANUP, SESSION_SQL};
 pub(crate) fn cleanup_query(older_than: Duration, limit: i64) -> Statement<Pg> {
     diesel::sql_query(CLEANUP)
         .into_boxed()
-        .bind::<Double, _>(super::common::secs(older_than))
+        .bind::<Double, _>(crate::relay::common::secs(older_than))
         .bind::<BigInt, _>(limit)
 }
 

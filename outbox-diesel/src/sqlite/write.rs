@@ -6,8 +6,8 @@ use diesel::query_builder::{AstPass, BoxedSqlQuery, SqlQuery};
 use diesel::sql_types::{BigInt, Text};
 use outbox_core::NewMessage;
 
-use super::text_id::TextIdRow;
-use super::{OutboxBackend, clamp, limit_of, private};
+use crate::backend::text_id::TextIdRow;
+use crate::backend::{OutboxBackend, clamp, limit_of, private};
 use crate::migrations::Migration;
 
 impl private::Sealed for diesel::sqlite::Sqlite {}
@@ -61,7 +61,7 @@ impl OutboxBackend for diesel::sqlite::Sqlite {
         keep_existing: bool,
         out: AstPass<'_, 'b, Self>,
     ) -> diesel::QueryResult<()> {
-        super::insert::walk_values(messages, rows, keep_existing, out, |m, row, out| {
+        crate::backend::insert::walk_values(messages, rows, keep_existing, out, |m, row, out| {
             text_id_row!(m, row, out, Text)
         })
     }

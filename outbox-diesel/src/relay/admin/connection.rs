@@ -140,7 +140,7 @@ macro_rules! replayable {
     () => {
         concat!(
             "(published_at IS NOT NULL OR (dead_at IS NULL AND ",
-            $crate::relay::pg::handover::passed!(),
+            $crate::pg::relay::handover::passed!(),
             ")) AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
              WHERE d.seq = outbox_events.seq)"
         )
@@ -205,7 +205,7 @@ macro_rules! filtered_statements {
         limit: $limit:literal,
         last: $last:literal
     ) => {
-        Some($crate::relay::admin::backend::StreamDeadStatements {
+        Some($crate::relay::admin::connection::StreamDeadStatements {
             list: concat!(
                 "(",
                 filtered_statements!(@list_dead id: $id, int: $int, after: $after, limit: $limit),
@@ -250,12 +250,12 @@ macro_rules! filtered_statements {
             retry_stream: concat!(
                 "WITH sel AS MATERIALIZED (SELECT seq FROM outbox_events \
                  WHERE dead_at IS NOT NULL AND published_at IS NULL AND ",
-                $crate::relay::pg::handover::stream_in_use!(),
+                $crate::pg::relay::handover::stream_in_use!(),
                 " AND NOT EXISTS (SELECT 1 FROM outbox_stream_dead_letters d \
                  WHERE d.seq = outbox_events.seq)",
                 filter!(),
                 "), copied AS (",
-                $crate::relay::admin::backend::stream_copy!(),
+                $crate::relay::admin::connection::stream_copy!(),
                 "o.last_error, ",
                 $retry_now,
                 " FROM outbox_events o JOIN sel s ON s.seq = o.seq \
@@ -268,7 +268,7 @@ macro_rules! filtered_statements {
             replay_bound: concat!(
                 "SELECT MAX(seq) AS last FROM (SELECT seq FROM outbox_events \
                  WHERE ",
-                $crate::relay::admin::backend::replayable!(),
+                $crate::relay::admin::connection::replayable!(),
                 filter!(),
                 " AND seq > ",
                 $after,
@@ -278,18 +278,18 @@ macro_rules! filtered_statements {
             ),
             replay: concat!(
                 "WITH stream AS MATERIALIZED (SELECT ",
-                $crate::relay::pg::handover::stream_in_use!(),
+                $crate::pg::relay::handover::stream_in_use!(),
                 " AS in_use), \
                  sel AS MATERIALIZED (SELECT seq FROM outbox_events \
                  WHERE ",
-                $crate::relay::admin::backend::replayable!(),
+                $crate::relay::admin::connection::replayable!(),
                 filter!(),
                 " AND seq > ",
                 $after,
                 " AND seq <= ",
                 $last,
                 "), copied AS (",
-                $crate::relay::admin::backend::stream_copy!(),
+                $crate::relay::admin::connection::stream_copy!(),
                 "'replayed', ",
                 $retry_now,
                 " FROM outbox_events o JOIN sel s ON s.seq = o.seq \
@@ -351,7 +351,7 @@ macro_rules! filtered_statements {
         const COUNT_DEAD: &str = filtered_statements!(@count_dead);
         /// Stream mode's dead letters, where there is stream mode (see
         /// [`StreamDeadStatements`]).
-        const STREAM_DEAD: Option<$crate::relay::admin::backend::StreamDeadStatements> =
+        const STREAM_DEAD: Option<$crate::relay::admin::connection::StreamDeadStatements> =
             filtered_statements!(
                 @stream_dead $stream_dead,
                 id: $id,

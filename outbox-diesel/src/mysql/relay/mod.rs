@@ -2,8 +2,8 @@
 //! `store`, the units of work that run in a transaction in `units`, relay sessions in
 //! `sessions`.
 
-pub(super) mod sessions;
-pub(super) mod sql;
+pub(crate) mod sessions;
+pub(crate) mod sql;
 mod store;
 mod units;
 
@@ -14,9 +14,9 @@ use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, TransactionManager};
 use outbox_core::relay::{RelayHealth, RelayIdInUse, StoreError};
 
-use super::base::{Base, Connector, Source};
-use super::common::CountRow;
-use super::common::Statement;
+use crate::relay::base::{Base, Connector, Source};
+use crate::relay::common::CountRow;
+use crate::relay::common::Statement;
 
 use sql::{CLEANUP, IS_MARIADB, SESSION_SQL, session_timeouts};
 
@@ -25,7 +25,7 @@ use sql::{CLEANUP, IS_MARIADB, SESSION_SQL, session_timeouts};
 pub(crate) fn cleanup_query(older_than: Duration, limit: i64) -> Statement<Mysql> {
     diesel::sql_query(CLEANUP)
         .into_boxed()
-        .bind::<BigInt, _>(super::common::micros(older_than))
+        .bind::<BigInt, _>(crate::relay::common::micros(older_than))
         .bind::<BigInt, _>(limit)
 }
 

@@ -10,13 +10,15 @@ use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
 use diesel::sql_types::{Array, BigInt, Nullable, Text, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use super::backend::server::{clock, stamp};
-use super::backend::{AdminConnection, Sealed, admin_connection, filtered_statements};
-use super::types::{
+use crate::pg::relay::cleanup_query;
+use crate::relay::admin::connection::server::{clock, stamp};
+use crate::relay::admin::connection::{
+    AdminConnection, Sealed, admin_connection, filtered_statements,
+};
+use crate::relay::admin::types::{
     self, AdminError, BoundRow, CountsRow, DeadLetter, DeadRow, Filter, LeaderRow, NRow, RelayRow,
     Sample, Status, StreamRow, db,
 };
-use crate::relay::pg::cleanup_query;
 
 macro_rules! filter {
     () => {
@@ -156,7 +158,7 @@ async fn rotate(
 ) -> Result<Vec<crate::relay::admin::Rotated>, AdminError> {
     db(
         "rotate partitions",
-        crate::relay::pg::partition::rotate(conn, keep).await,
+        crate::pg::relay::partition::rotate(conn, keep).await,
     )
 }
 
@@ -201,7 +203,7 @@ async fn sample(conn: &mut AsyncPgConnection, timeout: Duration) -> Result<Sampl
     types::sample(counts, blocked, stream)
 }
 
-impl super::Admin<AsyncPgConnection> {
+impl crate::relay::admin::Admin<AsyncPgConnection> {
     /// What stream mode left in the table that a relay in a lease mode would mishandle, if
     /// anything: events it published without marking them, and its dead letters and parked
     /// events (see [`hand_over_from_stream`](Self::hand_over_from_stream)). A lease-mode
@@ -211,7 +213,7 @@ impl super::Admin<AsyncPgConnection> {
     ) -> Result<Option<crate::relay::StreamLeftBehind>, AdminError> {
         db(
             "look for what stream mode left",
-            crate::relay::pg::handover::left_behind(&mut self.conn).await,
+            crate::pg::relay::handover::left_behind(&mut self.conn).await,
         )
     }
 
@@ -223,7 +225,7 @@ impl super::Admin<AsyncPgConnection> {
     ) -> Result<Option<crate::relay::LeaseDeadLetters>, AdminError> {
         db(
             "count the lease modes' dead letters",
-            crate::relay::pg::handover::lease_dead_letters(&mut self.conn).await,
+            crate::pg::relay::handover::lease_dead_letters(&mut self.conn).await,
         )
     }
 
@@ -247,7 +249,7 @@ impl super::Admin<AsyncPgConnection> {
     pub async fn hand_over_from_stream(&mut self) -> Result<crate::relay::Handover, AdminError> {
         let live = db(
             "look for live stream relays",
-            crate::relay::pg::handover::live_stream_relays(&mut self.conn).await,
+            crate::pg::relay::handover::live_stream_relays(&mut self.conn).await,
         )?;
         if live > 0 {
             return Err(AdminError::InvalidArgument(format!(
@@ -257,7 +259,7 @@ impl super::Admin<AsyncPgConnection> {
         }
         db(
             "hand the table over from stream mode",
-            crate::relay::pg::handover::hand_over(&mut self.conn).await,
+            crate::pg::relay::handover::hand_over(&mut self.conn).await,
         )
     }
 
@@ -288,7 +290,7 @@ impl super::Admin<AsyncPgConnection> {
         slots: u16,
         slot_xids: u64,
     ) -> Result<i64, AdminError> {
-        use crate::relay::pg::partition::{MAX_RING_XIDS, MAX_SLOTS, MIN_SLOTS, max_slot_xids};
+        use crate::pg::relay::partition::{MAX_RING_XIDS, MAX_SLOTS, MIN_SLOTS, max_slot_xids};
         if !(MIN_SLOTS..=MAX_SLOTS).contains(&slots) {
             return Err(AdminError::InvalidArgument(format!(
                 "slots must be between {MIN_SLOTS} and {MAX_SLOTS}, got {slots}"
@@ -303,7 +305,7 @@ impl super::Admin<AsyncPgConnection> {
         }
         db(
             "partition the event table",
-            crate::relay::pg::partition::partition_events(&mut self.conn, slots, slot_xids).await,
+            crate::pg::relay::partition::partition_events(&mut self.conn, slots, slot_xids).await,
         )
     }
 }

@@ -34,8 +34,8 @@ macro_rules! in_transaction {
         loop {
             match $conn.transaction($f).await {
                 Err(e)
-                    if tries < $crate::relay::mysql::units::DEADLOCK_RETRIES
-                        && $crate::relay::mysql::units::IsDeadlock::is_deadlock(&e) =>
+                    if tries < $crate::mysql::relay::units::DEADLOCK_RETRIES
+                        && $crate::mysql::relay::units::IsDeadlock::is_deadlock(&e) =>
                 {
                     tries += 1;
                     tracing::debug!(tries, "deadlock victim; running the transaction again");

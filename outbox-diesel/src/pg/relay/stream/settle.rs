@@ -10,15 +10,15 @@ use super::Outcome;
 use super::StreamStore;
 use super::pending::{Advance, DeadRows, Pending, advanced, assumed_positions, clean};
 use super::sql::{ADVANCE, PositionRow, SETTLE_RELEASE};
+use crate::pg::relay::PgConnector;
 use crate::relay::base::Base;
 use crate::relay::common::{CountRow, Prepared};
-use crate::relay::pg::PgConnector;
 
 impl StreamStore {
     /// Records the outcome of `seqs` of the stream batch in flight; once every event of the
     /// batch has one, advances the positions (or settles the release). Returns how many of
     /// `seqs` count as settled (0 if the write was fenced: another relay owns the shards now).
-    pub(in crate::relay::pg) async fn settle(
+    pub(in crate::pg::relay) async fn settle(
         &mut self,
         base: &mut Base<PgConnector>,
         relay: &str,
@@ -135,7 +135,7 @@ impl StreamStore {
 
     /// Writes the positions of the batch settled last, if they are owed (see `owed`); the
     /// rows read ahead go if some were fenced. Kept owed if the write fails.
-    pub(in crate::relay::pg) async fn flush_owed(
+    pub(in crate::pg::relay) async fn flush_owed(
         &mut self,
         base: &mut Base<PgConnector>,
         relay: &str,
@@ -238,7 +238,7 @@ impl StreamStore {
     /// whole and every position written (`keep_ahead`), and for a quarter of the lease as any
     /// read. Errors are left to the calls that need the work: the next settle writes what is
     /// owed, the next claim reads.
-    pub(in crate::relay::pg) async fn overlap(
+    pub(in crate::pg::relay) async fn overlap(
         &mut self,
         base: &mut Base<PgConnector>,
         relay: &str,
@@ -332,7 +332,7 @@ impl StreamStore {
     /// [`shards::rebalance`](super::super::shards::rebalance), with the positions owed written
     /// first (while the shards are still this relay's), and the rows read ahead dropped if
     /// shards were given up (they are their next owner's now).
-    pub(in crate::relay::pg) async fn rebalance(
+    pub(in crate::pg::relay) async fn rebalance(
         &mut self,
         base: &mut Base<PgConnector>,
         relay: &str,
