@@ -199,7 +199,7 @@ pub fn clear_outbox(conn: &mut PgConnection) {
 /// Empties the outbox and the relay coordination tables, then copies the template back in,
 /// 1,000 rows a transaction as [`fill_template`] wrote them. (Stream mode reads by
 /// transaction: one transaction of the whole backlog would be one delta that cannot be split,
-/// the case `outbox-diesel/src/relay/pg/stream/` measures apart; the lease modes do not
+/// the case `outbox-diesel/src/pg/relay/stream/` measures apart; the lease modes do not
 /// care.)
 pub fn reset_outbox(conn: &mut PgConnection) {
     clear_outbox(conn);

@@ -188,6 +188,10 @@ impl StreamStore {
     /// relay holds no shard it may claim. The positions are the table's, but those `given`
     /// (with the snapshot being consumed, if any), which are where the batch in flight will
     /// leave them; without `given`, the batch settled last is written first.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the claim's four settings, the store's connection and the read's own three"
+    )]
     pub(super) async fn read_delta(
         &mut self,
         base: &mut Base<PgConnector>,
