@@ -17,7 +17,7 @@ fail() {
 }
 
 # crate directory -> package name
-declare -A crates=([.]=outbox [outbox-core]=outbox-core [outbox-derive]=outbox-derive [outbox-diesel]=outbox-diesel)
+declare -A crates=([.]=outbox [outbox-core]=outbox-kernel [outbox-derive]=outbox-derive [outbox-diesel]=outbox-diesel)
 
 for dir in "${!crates[@]}"; do
   name=${crates[$dir]}
@@ -73,4 +73,4 @@ done < <(git ls-files -- outbox-diesel/migrations)
 if [ "$failed" -ne 0 ]; then
   exit 1
 fi
-printf 'package-check: outbox, outbox-core, outbox-derive, outbox-diesel ship their sources, README, licenses and migrations\n'
+printf 'package-check: outbox, outbox-kernel (outbox-core/), outbox-derive, outbox-diesel ship their sources, README, licenses and migrations\n'
