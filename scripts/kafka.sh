@@ -9,7 +9,7 @@
 #   scripts/kafka.sh stop     # stop both (only the processes this script started)
 #   scripts/kafka.sh status   # which are up
 #
-# Then: cargo test -p outbox-core --features kafka --test kafka
+# Then: cargo test -p outbox-kernel --features kafka --test kafka
 #
 # Environment:
 #   KAFKA_BROKERS       use this broker instead of noida-db (the tests read it too); `start`

@@ -3,8 +3,8 @@
 # --list` takes about a second per crate): its sources, README and license files are in the
 # package, outbox-diesel's migrations too, and no source file includes a file from outside its
 # own package (which would build here, in the workspace, and fail for everyone who downloads
-# the crate). `cargo package --workspace --exclude outbox-bench` is the full check (it builds
-# every crate from its packaged files); this one is cheap enough for every test run.
+# the crate). `cargo publish --workspace --dry-run` is the full check (it builds every crate
+# from its packaged files, about a minute and a half); this one is cheap enough for every test run.
 #
 #   ./scripts/package-check.sh
 set -euo pipefail
@@ -17,7 +17,7 @@ fail() {
 }
 
 # crate directory -> package name
-declare -A crates=([.]=outbox [outbox-core]=outbox-core [outbox-derive]=outbox-derive [outbox-diesel]=outbox-diesel)
+declare -A crates=([.]=outbox [outbox-core]=outbox-kernel [outbox-derive]=outbox-derive [outbox-diesel]=outbox-diesel)
 
 for dir in "${!crates[@]}"; do
   name=${crates[$dir]}
@@ -73,4 +73,4 @@ done < <(git ls-files -- outbox-diesel/migrations)
 if [ "$failed" -ne 0 ]; then
   exit 1
 fi
-printf 'package-check: outbox, outbox-core, outbox-derive, outbox-diesel ship their sources, README, licenses and migrations\n'
+printf 'package-check: outbox, outbox-kernel (outbox-core/), outbox-derive, outbox-diesel ship their sources, README, licenses and migrations\n'

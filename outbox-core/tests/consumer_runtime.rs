@@ -9,7 +9,7 @@
 //!
 //! ```text
 //! scripts/kafka.sh start
-//! cargo test -p outbox-core --features kafka --test consumer_runtime
+//! cargo test -p outbox-kernel --features kafka --test consumer_runtime
 //! ```
 
 use std::collections::HashMap;

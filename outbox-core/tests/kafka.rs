@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! scripts/kafka.sh start
-//! cargo test -p outbox-core --features kafka --test kafka -- --nocapture   # prints timings
+//! cargo test -p outbox-kernel --features kafka --test kafka -- --nocapture   # prints timings
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
