@@ -234,9 +234,8 @@ fn chaos_render_report() {
         machine: machine(),
         postgres,
         commit: format!(
-            "{} ({}){}",
+            "{}{}",
             sh("git", &["rev-parse", "--short", "HEAD"]),
-            sh("git", &["log", "-1", "--format=%s"]),
             if dirty {
                 ", with uncommitted changes"
             } else {
