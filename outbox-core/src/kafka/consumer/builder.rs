@@ -8,15 +8,16 @@ use std::time::Duration;
 use rdkafka::message::OwnedMessage;
 use serde::de::DeserializeOwned;
 
+use super::KafkaConsumer;
 use super::config::clients;
 use super::dead_letter::{DeadLetterTopic, DeadLetters};
-use super::dispatch::{self, Dispatch};
-use super::policy::{
-    AfterDeadLetter, DEFAULT_MAX_PARKED_KEYS, DEFAULT_OUTAGE_BACKOFF, DEFAULT_RETRY_BACKOFF,
-    NewerVersionPolicy, UndecodablePolicy, UnhandledPolicy,
-};
-use super::{KafkaConsumer, Settings};
+use super::transport::KafkaTransport;
 use crate::backoff::Backoff;
+use crate::consumer::{
+    AfterDeadLetter, DEFAULT_MAX_PARKED_KEYS, DEFAULT_OUTAGE_BACKOFF, DEFAULT_RETRY_BACKOFF,
+    Dispatch, NewerVersionPolicy, Runtime, Settings, UndecodablePolicy, UnhandledPolicy,
+    UserClassifier,
+};
 use crate::fault::{ClassifyError, ErrorClass, classifier_of};
 use crate::kafka::KafkaConfigError;
 use crate::{BoxError, Envelope, OutboxEvent, Outcome};
@@ -59,7 +60,7 @@ pub struct KafkaConsumerBuilder {
     group: Option<String>,
     topics: Vec<String>,
     assignment: Vec<(String, i32)>,
-    dispatch: Dispatch,
+    dispatch: Dispatch<OwnedMessage>,
     duplicate_handler: Option<(String, String)>,
     dead_letter_topic: DeadLetterTopic,
     undecodable: UndecodablePolicy,
@@ -68,7 +69,7 @@ pub struct KafkaConsumerBuilder {
     max_attempts: u32,
     backoff: Backoff,
     outage_backoff: Backoff,
-    classifiers: Vec<super::UserClassifier>,
+    classifiers: Vec<UserClassifier>,
     after_dead_letter: AfterDeadLetter,
     max_parked_keys: usize,
     shutdown_grace: Duration,
@@ -260,10 +261,7 @@ impl KafkaConsumerBuilder {
         T: Send + 'static,
         Err: Into<BoxError> + Send + 'static,
     {
-        let typed = Arc::new(move |message: &OwnedMessage| {
-            dispatch::decode::<E>(message).map(|envelope| dispatch::erase(handler(envelope)))
-        });
-        if let Err(key) = self.dispatch.register(E::EVENT_TYPES, typed)
+        if let Err(key) = self.dispatch.add(handler)
             && self.duplicate_handler.is_none()
         {
             self.duplicate_handler = Some(key);
@@ -539,31 +537,35 @@ impl KafkaConsumerBuilder {
 
         let (consumer, producer) = clients(self.settings, &self.dead_letter_settings, &group)?;
 
-        Ok(KafkaConsumer::new(
+        let dead_letters = DeadLetters {
+            producer,
+            topic: self.dead_letter_topic,
+            timeout: Duration::from_secs(10),
+        };
+        let transport = KafkaTransport::new(
             consumer,
-            Settings {
-                group: group.clone(),
-                topics: self.topics,
-                assignment: self.assignment,
-                dispatch: self.dispatch,
-                undecodable: self.undecodable,
-                unhandled: self.unhandled,
-                newer_version: self.newer_version,
-                max_attempts: self.max_attempts,
-                backoff: self.backoff,
-                outage_backoff: self.outage_backoff,
-                classifiers: self.classifiers,
-                after_dead_letter: self.after_dead_letter,
-                max_parked_keys: self.max_parked_keys,
-                shutdown_grace: self.shutdown_grace,
-            },
-            DeadLetters {
-                producer,
-                topic: self.dead_letter_topic,
-                group,
-                timeout: Duration::from_secs(10),
-            },
-        ))
+            dead_letters,
+            group.clone(),
+            self.topics,
+            self.assignment,
+        );
+        let settings = Settings {
+            group,
+            dispatch: self.dispatch,
+            undecodable: self.undecodable,
+            unhandled: self.unhandled,
+            newer_version: self.newer_version,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            outage_backoff: self.outage_backoff,
+            classifiers: self.classifiers,
+            after_dead_letter: self.after_dead_letter,
+            max_parked_keys: self.max_parked_keys,
+            shutdown_grace: self.shutdown_grace,
+        };
+        Ok(KafkaConsumer {
+            runtime: Runtime::new(transport, settings),
+        })
     }
 }
 
