@@ -21,6 +21,7 @@
 mod dead_letter;
 mod dispatch;
 mod hold;
+mod options;
 mod parking;
 mod policy;
 mod received;
@@ -42,7 +43,7 @@ pub use stats::ConsumerStats;
 
 // The seam: crate-private until a second adapter has proved its shape.
 pub(crate) use dead_letter::{DeadLetter, Unwritten};
-pub(crate) use dispatch::Dispatch;
+pub(crate) use options::Options;
 pub(crate) use received::Received;
-pub(crate) use runtime::{Runtime, Settings, UserClassifier};
+pub(crate) use runtime::Runtime;
 pub(crate) use transport::Transport;
