@@ -505,8 +505,6 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     }
 }
 
-/// Runs the relay over any broker's [`Publisher`]; `serve` probes its readiness through a
-/// second publisher of the same broker.
 async fn run<S: RelayStore, P: Publisher>(
     store: S,
     publisher: P,
