@@ -152,6 +152,13 @@ pub mod fault {
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use outbox_core::kafka;
 
+/// The broker-free consumer runtime under [`kafka::KafkaConsumer`] (feature `kafka`): its
+/// policies, default backoffs, dead-letter headers and [`ConsumerStats`](consumer::ConsumerStats),
+/// which [`kafka`] re-exports too.
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use outbox_core::consumer;
+
 /// OpenTelemetry trace propagation (feature `opentelemetry`): `publish` writes the current
 /// span's W3C trace context into the event's headers, and the Kafka consumer continues that
 /// trace in the span of each message, as its child (see the module for why a parent, not a

@@ -238,8 +238,10 @@ mod tests {
 
 /// A small, fast, seedable generator for jitter (no dependency needed for that).
 #[derive(Debug, Clone)]
+#[cfg_attr(not(any(feature = "relay", feature = "kafka")), allow(dead_code))]
 pub(crate) struct SplitMix(u64);
 
+#[cfg_attr(not(any(feature = "relay", feature = "kafka")), allow(dead_code))]
 impl SplitMix {
     pub(crate) fn seeded() -> Self {
         let nanos = std::time::SystemTime::now()

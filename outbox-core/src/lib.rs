@@ -6,11 +6,14 @@
 //! it is given `#[outbox(crate = outbox_core)]`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(any(feature = "relay", feature = "kafka"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "relay", feature = "kafka"))))]
+#[cfg(any(feature = "relay", feature = "consumer"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "relay", feature = "consumer"))))]
 pub mod backoff;
 pub mod catalog;
 pub mod claim_check;
+#[cfg(feature = "consumer")]
+#[cfg_attr(docsrs, doc(cfg(feature = "consumer")))]
+pub mod consumer;
 mod envelope;
 mod error;
 mod event;

@@ -26,10 +26,10 @@
 //! The propagator is OpenTelemetry's W3C [`TraceContextPropagator`], used directly (not the
 //! global one), so nothing needs registering.
 
-#[cfg(feature = "kafka")]
+#[cfg(feature = "consumer")]
 use std::collections::BTreeMap;
 
-#[cfg(feature = "kafka")]
+#[cfg(feature = "consumer")]
 use opentelemetry::propagation::Extractor;
 use opentelemetry::propagation::{Injector, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
@@ -61,7 +61,7 @@ pub fn inject(headers: &mut crate::Headers) {
 
 /// Makes `span` a child of the trace context that `header` (a message's headers, by name)
 /// carries; does nothing without a valid `traceparent` or without the OpenTelemetry layer.
-#[cfg(feature = "kafka")]
+#[cfg(feature = "consumer")]
 pub(crate) fn continue_trace<'a>(span: &tracing::Span, header: impl Fn(&str) -> Option<&'a str>) {
     let carrier: BTreeMap<&str, &str> = TRACE_HEADERS
         .iter()
@@ -86,10 +86,10 @@ impl Injector for Absent<'_> {
     }
 }
 
-#[cfg(feature = "kafka")]
+#[cfg(feature = "consumer")]
 struct Carrier<'a>(BTreeMap<&'a str, &'a str>);
 
-#[cfg(feature = "kafka")]
+#[cfg(feature = "consumer")]
 impl Extractor for Carrier<'_> {
     fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).copied()

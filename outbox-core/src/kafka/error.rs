@@ -105,3 +105,12 @@ impl fmt::Display for BrokerUnreachable {
 }
 
 impl std::error::Error for BrokerUnreachable {}
+
+/// The readiness probe's answer ([`Publisher::ready`](crate::relay::Publisher::ready)), with
+/// the same text.
+#[cfg(feature = "relay")]
+impl From<BrokerUnreachable> for crate::relay::NotReady {
+    fn from(e: BrokerUnreachable) -> Self {
+        crate::relay::NotReady::new(e.to_string())
+    }
+}

@@ -16,7 +16,7 @@ use super::classify;
 use super::error::BrokerUnreachable;
 use super::record::{self, Router};
 use super::watch::{BrokerWatch, WatchContext};
-use crate::relay::{Delivery, OutboxMessage, Publisher};
+use crate::relay::{Delivery, NotReady, OutboxMessage, Publisher};
 
 /// Extra time, past `message.timeout.ms`, to wait for librdkafka's delivery reports: it scans
 /// for timed-out messages and requests once a second.
@@ -484,6 +484,11 @@ impl Publisher for KafkaPublisher {
     /// seconds (a network that drops packets leaves librdkafka's connections up and silent).
     fn unavailable(&self) -> Option<String> {
         self.watch.down()
+    }
+
+    /// [`check_reachable`](KafkaPublisher::check_reachable): asks the cluster for its metadata.
+    async fn ready(&self, timeout: Duration) -> Result<(), NotReady> {
+        self.check_reachable(timeout).await.map_err(NotReady::from)
     }
 }
 

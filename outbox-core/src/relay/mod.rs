@@ -34,7 +34,7 @@ pub(crate) use headers::wire_headers;
 pub use health::{RelayHealth, RelayState};
 pub use memory::{MemoryBroker, MemoryRow, MemoryStore, Record, test_message};
 pub use metrics::{METRICS, describe_metrics};
-pub use publisher::{Delivery, OutboxMessage, Publisher};
+pub use publisher::{Delivery, NotReady, OutboxMessage, Publisher};
 pub use share::{Share, fair_share, share};
 pub use stats::RelayStats;
 pub use store::{

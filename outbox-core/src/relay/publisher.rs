@@ -1,5 +1,8 @@
 //! What a relay publishes ([`OutboxMessage`]) and to what ([`Publisher`]).
 
+use std::fmt;
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -151,6 +154,30 @@ pub trait Publisher: Send + Sync + 'static {
     fn unavailable(&self) -> Option<String> {
         None
     }
+
+    /// Asks the broker, within `timeout`, whether it can take messages now: the start-up
+    /// check of `outbox relay` and its `/readyz` probe. Kafka asks the cluster for its
+    /// metadata. The default asks nothing and answers from
+    /// [`unavailable`](Self::unavailable).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox_core::relay::{MemoryBroker, Publisher};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let broker = MemoryBroker::new();
+    /// assert!(broker.ready(Duration::from_secs(1)).await.is_ok());
+    /// broker.set_available(false);
+    /// assert!(broker.ready(Duration::from_secs(1)).await.is_err());
+    /// # }
+    /// ```
+    fn ready(&self, timeout: Duration) -> impl Future<Output = Result<(), NotReady>> + Send {
+        let _ = timeout;
+        std::future::ready(
+            self.unavailable()
+                .map_or(Ok(()), |why| Err(NotReady::new(why))),
+        )
+    }
 }
 
 impl<P: Publisher> Publisher for std::sync::Arc<P> {
@@ -161,4 +188,42 @@ impl<P: Publisher> Publisher for std::sync::Arc<P> {
     fn unavailable(&self) -> Option<String> {
         (**self).unavailable()
     }
+
+    fn ready(&self, timeout: Duration) -> impl Future<Output = Result<(), NotReady>> + Send {
+        (**self).ready(timeout)
+    }
 }
+
+/// Why [`Publisher::ready`] found the broker not ready: unreachable, refusing the login, or
+/// without brokers, in the publisher's words.
+///
+/// ```
+/// use outbox_core::relay::NotReady;
+/// assert_eq!(NotReady::new("all brokers down").to_string(), "all brokers down");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotReady {
+    reason: String,
+}
+
+impl NotReady {
+    /// A broker not ready, and why.
+    pub fn new(reason: impl Into<String>) -> Self {
+        NotReady {
+            reason: reason.into(),
+        }
+    }
+
+    /// Why, as [`Display`](fmt::Display) shows it.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl fmt::Display for NotReady {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl std::error::Error for NotReady {}

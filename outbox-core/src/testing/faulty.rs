@@ -185,4 +185,15 @@ impl<P: Publisher> Publisher for Faulty<P> {
             _ => self.inner.unavailable(),
         }
     }
+
+    /// Not ready while an unreachable or black-hole fault is planned, else as the wrapped
+    /// publisher.
+    async fn ready(&self, timeout: std::time::Duration) -> Result<(), crate::relay::NotReady> {
+        match self.current() {
+            Some(Fault::Unreachable | Fault::BlackHole) => Err(crate::relay::NotReady::new(
+                self.unavailable().unwrap_or_default(),
+            )),
+            _ => self.inner.ready(timeout).await,
+        }
+    }
 }

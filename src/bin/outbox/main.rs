@@ -26,8 +26,8 @@ use clap::{Parser, Subcommand};
 use diesel_async::AsyncConnection;
 use outbox::kafka::KafkaPublisher;
 use outbox::relay::{
-    Completion, DeadLetterPolicy, Mode, MysqlRelayStore, PgRelayStore, Relay, RelayConfig,
-    RelayStore, Retention, SqliteRelayStore,
+    Completion, DeadLetterPolicy, Mode, MysqlRelayStore, PgRelayStore, Publisher, Relay,
+    RelayConfig, RelayStore, Retention, SqliteRelayStore,
 };
 
 #[derive(Parser)]
@@ -415,7 +415,7 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     }
     check_migrated_on(&args.database_url, args.transaction_pooler).await?;
     publisher
-        .check_reachable(Duration::from_secs(10))
+        .ready(Duration::from_secs(10))
         .await
         .map_err(|e| Fatal(format!("{e} (check --brokers / KAFKA_BROKERS)")))?;
 
@@ -505,11 +505,11 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     }
 }
 
-async fn run<S: RelayStore>(
+async fn run<S: RelayStore, P: Publisher>(
     store: S,
-    publisher: KafkaPublisher,
+    publisher: P,
     config: RelayConfig,
-    serve: Option<(std::net::SocketAddr, KafkaPublisher, Backend, String)>,
+    serve: Option<(std::net::SocketAddr, P, Backend, String)>,
 ) -> Result<(), Fatal> {
     let lease = config.lease;
     let relay = Relay::new(store, publisher, config)?;

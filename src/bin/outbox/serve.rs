@@ -18,9 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use outbox::kafka::KafkaPublisher;
-use outbox::relay::RelayStats;
 use outbox::relay::admin::{Admin, AdminConnection};
+use outbox::relay::{Publisher, RelayStats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -78,12 +77,13 @@ impl Probes {
 }
 
 /// Installs the Prometheus recorder, binds `addr` (failing at start-up if it cannot), and
-/// serves the endpoints, probes the broker and samples the backlog in the background.
+/// serves the endpoints, probes the broker (through [`Publisher::ready`]) and samples the
+/// backlog in the background.
 pub async fn start(
     addr: SocketAddr,
     stats: Arc<RelayStats>,
     lease: Duration,
-    probe: KafkaPublisher,
+    probe: impl Publisher,
     backend: Backend,
     url: String,
 ) -> Result<(), Fatal> {
@@ -107,7 +107,7 @@ pub async fn start(
     let reached = probes.broker_reached_ms.clone();
     tokio::spawn(async move {
         loop {
-            if probe.check_reachable(every).await.is_ok() {
+            if probe.ready(every).await.is_ok() {
                 reached.store(now_ms(), Ordering::Relaxed);
             }
             tokio::time::sleep(every).await;

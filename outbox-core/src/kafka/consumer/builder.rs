@@ -2,21 +2,19 @@
 //! fails.
 
 use std::error::Error;
-use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::message::OwnedMessage;
 use serde::de::DeserializeOwned;
 
+use super::KafkaConsumer;
 use super::config::clients;
 use super::dead_letter::{DeadLetterTopic, DeadLetters};
-use super::dispatch::{self, Dispatch};
-use super::policy::{
-    AfterDeadLetter, DEFAULT_MAX_PARKED_KEYS, DEFAULT_OUTAGE_BACKOFF, DEFAULT_RETRY_BACKOFF,
-    NewerVersionPolicy, UndecodablePolicy, UnhandledPolicy,
-};
-use super::{KafkaConsumer, Settings};
+use super::transport::KafkaTransport;
 use crate::backoff::Backoff;
+use crate::consumer::{
+    AfterDeadLetter, NewerVersionPolicy, Options, Runtime, UndecodablePolicy, UnhandledPolicy,
+};
 use crate::fault::{ClassifyError, ErrorClass, classifier_of};
 use crate::kafka::KafkaConfigError;
 use crate::{BoxError, Envelope, OutboxEvent, Outcome};
@@ -59,19 +57,9 @@ pub struct KafkaConsumerBuilder {
     group: Option<String>,
     topics: Vec<String>,
     assignment: Vec<(String, i32)>,
-    dispatch: Dispatch,
-    duplicate_handler: Option<(String, String)>,
     dead_letter_topic: DeadLetterTopic,
-    undecodable: UndecodablePolicy,
-    unhandled: UnhandledPolicy,
-    newer_version: NewerVersionPolicy,
-    max_attempts: u32,
-    backoff: Backoff,
-    outage_backoff: Backoff,
-    classifiers: Vec<super::UserClassifier>,
-    after_dead_letter: AfterDeadLetter,
-    max_parked_keys: usize,
-    shutdown_grace: Duration,
+    /// Handlers and policies: the broker-free runtime's.
+    options: Options<OwnedMessage>,
 }
 
 /// Shows the settings with secret values (see [`is_secret_key`](crate::redact::is_secret_key))
@@ -100,19 +88,8 @@ impl Default for KafkaConsumerBuilder {
             group: None,
             topics: Vec::new(),
             assignment: Vec::new(),
-            dispatch: Dispatch::default(),
-            duplicate_handler: None,
             dead_letter_topic: DeadLetterTopic::Suffix(".dlt".to_owned()),
-            undecodable: UndecodablePolicy::default(),
-            unhandled: UnhandledPolicy::default(),
-            newer_version: NewerVersionPolicy::default(),
-            max_attempts: 5,
-            backoff: DEFAULT_RETRY_BACKOFF,
-            outage_backoff: DEFAULT_OUTAGE_BACKOFF,
-            classifiers: Vec::new(),
-            after_dead_letter: AfterDeadLetter::default(),
-            max_parked_keys: DEFAULT_MAX_PARKED_KEYS,
-            shutdown_grace: Duration::from_secs(30),
+            options: Options::default(),
         }
     }
 }
@@ -260,14 +237,7 @@ impl KafkaConsumerBuilder {
         T: Send + 'static,
         Err: Into<BoxError> + Send + 'static,
     {
-        let typed = Arc::new(move |message: &OwnedMessage| {
-            dispatch::decode::<E>(message).map(|envelope| dispatch::erase(handler(envelope)))
-        });
-        if let Err(key) = self.dispatch.register(E::EVENT_TYPES, typed)
-            && self.duplicate_handler.is_none()
-        {
-            self.duplicate_handler = Some(key);
-        }
+        self.options.handler(handler);
         self
     }
 
@@ -279,7 +249,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts;
+        self.options.max_attempts = attempts;
         self
     }
 
@@ -300,7 +270,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn retry_backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
+        self.options.backoff = backoff;
         self
     }
 
@@ -322,7 +292,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn outage_backoff(mut self, backoff: Backoff) -> Self {
-        self.outage_backoff = backoff;
+        self.options.outage_backoff = backoff;
         self
     }
 
@@ -348,7 +318,7 @@ impl KafkaConsumerBuilder {
         mut self,
         classifier: impl Fn(&(dyn Error + 'static)) -> Option<ErrorClass> + Send + Sync + 'static,
     ) -> Self {
-        self.classifiers.push(Arc::new(classifier));
+        self.options.classifier(classifier);
         self
     }
 
@@ -384,7 +354,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn after_dead_letter(mut self, policy: AfterDeadLetter) -> Self {
-        self.after_dead_letter = policy;
+        self.options.after_dead_letter = policy;
         self
     }
 
@@ -398,7 +368,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn max_parked_keys(mut self, keys: usize) -> Self {
-        self.max_parked_keys = keys;
+        self.options.max_parked_keys = keys;
         self
     }
 
@@ -423,7 +393,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn on_undecodable(mut self, policy: UndecodablePolicy) -> Self {
-        self.undecodable = policy;
+        self.options.undecodable = policy;
         self
     }
 
@@ -436,7 +406,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn on_unhandled(mut self, policy: UnhandledPolicy) -> Self {
-        self.unhandled = policy;
+        self.options.unhandled = policy;
         self
     }
 
@@ -449,7 +419,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn on_newer_version(mut self, policy: NewerVersionPolicy) -> Self {
-        self.newer_version = policy;
+        self.options.newer_version = policy;
         self
     }
 
@@ -462,7 +432,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
-        self.shutdown_grace = grace;
+        self.options.shutdown_grace = grace;
         self
     }
 
@@ -511,59 +481,23 @@ impl KafkaConsumerBuilder {
                     .into(),
             ));
         }
-        if self.dispatch.is_empty() {
-            return Err(invalid(
-                "handler",
-                "a consumer needs at least one handler: call `.handler(...)`".into(),
-            ));
-        }
-        if let Some((aggregate_type, event_type)) = self.duplicate_handler {
-            return Err(invalid(
-                "handler",
-                format!(
-                    "event type `{event_type}` of aggregate `{aggregate_type}` has two handlers"
-                ),
-            ));
-        }
-        if self.max_attempts == 0 {
-            return Err(invalid("max_attempts", "at least 1 attempt".into()));
-        }
-        for (backoff, name) in [
-            (&self.backoff, "retry_backoff"),
-            (&self.outage_backoff, "outage_backoff"),
-        ] {
-            backoff
-                .validate(name)
-                .map_err(|e| invalid(e.setting(), e.reason().to_owned()))?;
-        }
+        let options = self.options;
+        let settings = options
+            .settings(group.clone())
+            .map_err(|(option, reason)| invalid(&option, reason))?;
 
         let (consumer, producer) = clients(self.settings, &self.dead_letter_settings, &group)?;
 
-        Ok(KafkaConsumer::new(
-            consumer,
-            Settings {
-                group: group.clone(),
-                topics: self.topics,
-                assignment: self.assignment,
-                dispatch: self.dispatch,
-                undecodable: self.undecodable,
-                unhandled: self.unhandled,
-                newer_version: self.newer_version,
-                max_attempts: self.max_attempts,
-                backoff: self.backoff,
-                outage_backoff: self.outage_backoff,
-                classifiers: self.classifiers,
-                after_dead_letter: self.after_dead_letter,
-                max_parked_keys: self.max_parked_keys,
-                shutdown_grace: self.shutdown_grace,
-            },
-            DeadLetters {
-                producer,
-                topic: self.dead_letter_topic,
-                group,
-                timeout: Duration::from_secs(10),
-            },
-        ))
+        let dead_letters = DeadLetters {
+            producer,
+            topic: self.dead_letter_topic,
+            timeout: Duration::from_secs(10),
+        };
+        let transport =
+            KafkaTransport::new(consumer, dead_letters, group, self.topics, self.assignment);
+        Ok(KafkaConsumer {
+            runtime: Runtime::new(transport, settings),
+        })
     }
 }
 

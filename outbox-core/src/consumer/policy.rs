@@ -5,16 +5,16 @@ use std::time::Duration;
 
 use crate::backoff::Backoff;
 
-/// What happens to the later messages of a key (same topic, same Kafka key) once one of its
+/// What happens to the later messages of a key (same topic, same key) once one of its
 /// messages was dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum AfterDeadLetter {
     /// They are parked behind it: written to the dead-letter topic too, with the
-    /// [`DLT_HEADER_PARKED_BEHIND`](crate::kafka::DLT_HEADER_PARKED_BEHIND) header naming the
+    /// [`DLT_HEADER_PARKED_BEHIND`](super::DLT_HEADER_PARKED_BEHIND) header naming the
     /// dead letter they wait behind, and not handled, so that no later event of the key is
     /// applied before an earlier one. For as long as the consumer process runs (see
-    /// [`KafkaConsumer`](super::KafkaConsumer) on what a restart forgets).
+    /// `KafkaConsumer` on what a restart forgets).
     #[default]
     ParkKey,
     /// They are handled as usual: the key's later events are applied before the dead-lettered
@@ -31,7 +31,7 @@ pub enum AfterDeadLetter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum UndecodablePolicy {
     /// Write it to the dead-letter topic with the reason in the
-    /// [`DLT_HEADER_ERROR`](crate::kafka::DLT_HEADER_ERROR) header (and log it), then go on.
+    /// [`DLT_HEADER_ERROR`](super::DLT_HEADER_ERROR) header (and log it), then go on.
     /// Nothing is lost: the message can be replayed from there once a consumer understands it.
     #[default]
     DeadLetter,
@@ -79,7 +79,7 @@ pub enum NewerVersionPolicy {
 ///
 /// ```
 /// # use std::time::Duration;
-/// assert_eq!(outbox_core::kafka::DEFAULT_RETRY_BACKOFF.initial, Duration::from_millis(200));
+/// assert_eq!(outbox_core::consumer::DEFAULT_RETRY_BACKOFF.initial, Duration::from_millis(200));
 /// ```
 pub const DEFAULT_RETRY_BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(200),
@@ -95,7 +95,7 @@ pub const DEFAULT_RETRY_BACKOFF: Backoff = Backoff {
 ///
 /// ```
 /// # use std::time::Duration;
-/// assert_eq!(outbox_core::kafka::DEFAULT_OUTAGE_BACKOFF.max, Duration::from_secs(2));
+/// assert_eq!(outbox_core::consumer::DEFAULT_OUTAGE_BACKOFF.max, Duration::from_secs(2));
 /// ```
 pub const DEFAULT_OUTAGE_BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(100),
@@ -105,9 +105,9 @@ pub const DEFAULT_OUTAGE_BACKOFF: Backoff = Backoff {
 };
 
 /// How many parked keys a consumer remembers unless configured (see
-/// [`KafkaConsumerBuilder::max_parked_keys`](super::KafkaConsumerBuilder::max_parked_keys)).
+/// `KafkaConsumerBuilder::max_parked_keys`).
 ///
 /// ```
-/// assert_eq!(outbox_core::kafka::DEFAULT_MAX_PARKED_KEYS, 100_000);
+/// assert_eq!(outbox_core::consumer::DEFAULT_MAX_PARKED_KEYS, 100_000);
 /// ```
 pub const DEFAULT_MAX_PARKED_KEYS: usize = 100_000;

@@ -2,8 +2,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// Counters of a running consumer, shared with whoever holds
-/// [`KafkaConsumer::stats`](super::KafkaConsumer::stats).
+/// Counters of a running consumer, shared with whoever holds its `stats()` (e.g.
+/// `KafkaConsumer::stats`).
 #[derive(Debug, Default)]
 pub struct ConsumerStats {
     /// Messages read.
@@ -56,7 +56,7 @@ impl ConsumerStats {
     /// The value of a counter, e.g. `stats.get(&stats.applied)`.
     ///
     /// ```
-    /// let stats = outbox_core::kafka::ConsumerStats::default();
+    /// let stats = outbox_core::consumer::ConsumerStats::default();
     /// assert_eq!(stats.get(&stats.applied), 0);
     /// ```
     pub fn get(&self, counter: &AtomicU64) -> u64 {

@@ -6,10 +6,9 @@ use std::fmt::{self, Display};
 use std::pin::Pin;
 use std::sync::Arc;
 
-use rdkafka::Message;
-use rdkafka::message::{Headers as _, OwnedMessage};
 use serde::de::DeserializeOwned;
 
+use super::received::Received;
 use crate::{
     BoxError, DecodeError, Envelope, HEADER_AGGREGATE_TYPE, HEADER_EVENT_TYPE, OutboxEvent, Outcome,
 };
@@ -24,32 +23,31 @@ pub(crate) enum Handled {
 pub(crate) type HandlerFuture =
     Pin<Box<dyn Future<Output = Result<Handled, BoxError>> + Send + 'static>>;
 
-/// A handler with its event type erased: decodes, then runs.
-pub(crate) trait ErasedHandler: Send + Sync {
-    fn call(&self, message: &OwnedMessage) -> Result<HandlerFuture, DecodeError>;
+/// A handler with its event type erased: decodes a message of type `M`, then runs.
+pub(crate) trait ErasedHandler<M>: Send + Sync {
+    fn call(&self, message: &M) -> Result<HandlerFuture, DecodeError>;
 }
 
-/// Every `Fn(&message)` that decodes and runs is an [`ErasedHandler`]: the consumer's builder
+/// Every `Fn(&message)` that decodes and runs is an [`ErasedHandler`]: [`Dispatch::add`]
 /// makes one of each handler the user registers (see [`decode`] and [`erase`]).
-impl<G> ErasedHandler for G
+impl<M, G> ErasedHandler<M> for G
 where
-    G: Fn(&OwnedMessage) -> Result<HandlerFuture, DecodeError> + Send + Sync,
+    G: Fn(&M) -> Result<HandlerFuture, DecodeError> + Send + Sync,
 {
-    fn call(&self, message: &OwnedMessage) -> Result<HandlerFuture, DecodeError> {
+    fn call(&self, message: &M) -> Result<HandlerFuture, DecodeError> {
         self(message)
     }
 }
 
 /// Decodes `message` into the `Envelope<E>` a handler for `E` takes.
 pub(crate) fn decode<E: OutboxEvent + DeserializeOwned>(
-    message: &OwnedMessage,
+    message: &impl Received,
 ) -> Result<Envelope<E>, DecodeError> {
-    let headers = message.headers().into_iter().flat_map(|h| h.iter());
-    Envelope::<E>::decode(headers.map(|h| (h.key, h.value)), message.payload())
+    Envelope::<E>::decode(message.headers(), message.payload())
 }
 
 /// A handler's future, its outcome reduced to what the consumer records.
-pub(crate) fn erase<T, Err: Into<BoxError>>(
+fn erase<T, Err: Into<BoxError>>(
     fut: impl Future<Output = Result<Outcome<T>, Err>> + Send + 'static,
 ) -> HandlerFuture {
     Box::pin(async move {
@@ -92,19 +90,45 @@ impl Display for Undecodable {
     }
 }
 
-/// The handlers of a consumer, by `(aggregate_type, event_type)`.
-#[derive(Clone, Default)]
-pub(crate) struct Dispatch {
-    handlers: HashMap<(String, String), (u32, Arc<dyn ErasedHandler>)>,
+/// A registered handler and the version of its event type.
+type Registered<M> = (u32, Arc<dyn ErasedHandler<M>>);
+
+/// The handlers of a consumer of messages `M`, by `(aggregate_type, event_type)`.
+pub(crate) struct Dispatch<M> {
+    handlers: HashMap<(String, String), Registered<M>>,
 }
 
-impl Dispatch {
+impl<M> Default for Dispatch<M> {
+    fn default() -> Self {
+        Dispatch {
+            handlers: HashMap::new(),
+        }
+    }
+}
+
+impl<M: Received> Dispatch<M> {
+    /// Registers `handler` for every event type `E` carries; returns the first type that
+    /// already had a handler, if any.
+    pub(crate) fn add<E, F, Fut, T, Err>(&mut self, handler: F) -> Result<(), (String, String)>
+    where
+        E: OutboxEvent + DeserializeOwned + Send + 'static,
+        F: Fn(Envelope<E>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Outcome<T>, Err>> + Send + 'static,
+        T: Send + 'static,
+        Err: Into<BoxError> + Send + 'static,
+    {
+        let typed = Arc::new(move |message: &M| {
+            decode::<E>(message).map(|envelope| erase(handler(envelope)))
+        });
+        self.register(E::EVENT_TYPES, typed)
+    }
+
     /// Registers `handler` for every event type of `types`; returns the first type that already
     /// had a handler, if any.
-    pub(crate) fn register(
+    fn register(
         &mut self,
         types: &[crate::EventType],
-        handler: Arc<dyn ErasedHandler>,
+        handler: Arc<dyn ErasedHandler<M>>,
     ) -> Result<(), (String, String)> {
         for t in types {
             let key = (t.aggregate_type.to_owned(), t.event_type.to_owned());
@@ -123,8 +147,8 @@ impl Dispatch {
     /// The handler of `message`'s event type.
     pub(crate) fn handler_for(
         &self,
-        message: &OwnedMessage,
-    ) -> Result<Arc<dyn ErasedHandler>, Undecodable> {
+        message: &M,
+    ) -> Result<Arc<dyn ErasedHandler<M>>, Undecodable> {
         let aggregate_type = header(message, HEADER_AGGREGATE_TYPE)?;
         let event_type = header(message, HEADER_EVENT_TYPE)?;
         match self
@@ -153,11 +177,9 @@ impl Dispatch {
 }
 
 /// The first header `name` of `message`, as UTF-8.
-fn header(message: &OwnedMessage, name: &'static str) -> Result<String, Undecodable> {
+fn header(message: &impl Received, name: &'static str) -> Result<String, Undecodable> {
     let value = message
-        .headers()
-        .and_then(|h| h.iter().find(|h| h.key == name))
-        .and_then(|h| h.value)
+        .header(name)
         .ok_or(Undecodable::Decode(DecodeError::MissingHeader { name }))?;
     String::from_utf8(value.to_vec()).map_err(|e| {
         Undecodable::Decode(DecodeError::InvalidHeader {

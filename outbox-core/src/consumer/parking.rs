@@ -1,5 +1,5 @@
-//! Parking: once a message is dead-lettered, later messages of its key (same topic, same Kafka
-//! key) are not applied out of order but follow it to the dead-letter topic.
+//! Parking: once a message is dead-lettered, later messages of its key (same source, same
+//! key) are not applied out of order but follow it to the dead letters.
 //!
 //! Parked keys live in this process's memory: a restarted consumer forgets them, and applies
 //! the later messages of a key it no longer remembers. The dead-letter topic is the record
@@ -8,17 +8,15 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use rdkafka::Message;
-use rdkafka::message::{Headers as _, OwnedMessage};
-
+use super::received::{Received, coordinates};
 use crate::HEADER_ID;
 
 /// What a key is parked behind: the first of its messages that was dead-lettered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Head {
-    pub(crate) topic: String,
-    pub(crate) partition: i32,
-    pub(crate) offset: i64,
+    pub(crate) source: String,
+    pub(crate) partition: Option<i32>,
+    pub(crate) position: i64,
     /// Its event id (the `id` header), if it had one.
     pub(crate) id: Option<String>,
 }
@@ -26,7 +24,7 @@ pub(crate) struct Head {
 impl Head {
     /// `topic/partition/offset`, the value of the `outbox.parked.behind` header.
     pub(crate) fn coordinates(&self) -> String {
-        format!("{}/{}/{}", self.topic, self.partition, self.offset)
+        coordinates(&self.source, self.partition, self.position)
     }
 }
 
@@ -47,29 +45,27 @@ impl Parking {
     }
 
     /// The dead letter `message`'s key is parked behind, if it is.
-    pub(crate) fn head_of(&self, message: &OwnedMessage) -> Option<Head> {
+    pub(crate) fn head_of(&self, message: &impl Received) -> Option<Head> {
         let key = message.key()?;
         self.heads
-            .get(&(message.topic().to_owned(), key.to_vec()))
+            .get(&(message.source().to_owned(), key.to_vec()))
             .cloned()
     }
 
     /// Parks `message`'s key behind it (a message without a key parks nothing). Returns the
     /// key forgotten to make room, if one was.
-    pub(crate) fn park(&mut self, message: &OwnedMessage) -> Option<(String, Vec<u8>)> {
-        let key = (message.topic().to_owned(), message.key()?.to_vec());
+    pub(crate) fn park(&mut self, message: &impl Received) -> Option<(String, Vec<u8>)> {
+        let key = (message.source().to_owned(), message.key()?.to_vec());
         if self.heads.contains_key(&key) || self.max == 0 {
             return None;
         }
         let id = message
-            .headers()
-            .and_then(|h| h.iter().find(|h| h.key == HEADER_ID))
-            .and_then(|h| h.value)
+            .header(HEADER_ID)
             .map(|v| String::from_utf8_lossy(v).into_owned());
         let head = Head {
-            topic: message.topic().to_owned(),
+            source: message.source().to_owned(),
             partition: message.partition(),
-            offset: message.offset(),
+            position: message.position(),
             id,
         };
         self.heads.insert(key.clone(), head);
@@ -91,23 +87,17 @@ impl Parking {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdkafka::Timestamp;
-    use rdkafka::message::{Header, OwnedHeaders};
+    use crate::consumer::received::TestMessage;
 
-    fn message(topic: &str, key: Option<&str>, offset: i64) -> OwnedMessage {
-        let headers = OwnedHeaders::new().insert(Header {
-            key: "id",
-            value: Some("e-1"),
-        });
-        OwnedMessage::new(
-            None,
-            key.map(|k| k.as_bytes().to_vec()),
-            topic.into(),
-            Timestamp::NotAvailable,
-            1,
-            offset,
-            Some(headers),
-        )
+    fn message(topic: &str, key: Option<&str>, offset: i64) -> TestMessage {
+        TestMessage {
+            source: topic.into(),
+            partition: Some(1),
+            position: offset,
+            key: key.map(|k| k.as_bytes().to_vec()),
+            payload: None,
+            headers: vec![("id".into(), Some(b"e-1".to_vec()))],
+        }
     }
 
     #[test]
