@@ -107,8 +107,9 @@ pub struct Claim<'a> {
     /// far less than it could: an ordered claim made while the last batch's mark is still
     /// running finds that batch's aggregates leased (its head-of-line window all blocked) and
     /// takes the slower walk, and settling beside the claims then loses to settling between
-    /// them. Measured: `docs/design/relay-loop.md`. Order is kept: a row is in here only once
-    /// its publish was acknowledged, so every later row of its aggregate is published after it.
+    /// them. Measured: `docs/design/relay-loop.md`, section "Claims told which rows are being
+    /// settled". Order is kept: a row is in here only once its publish was acknowledged, so
+    /// every later row of its aggregate is published after it.
     pub settling: &'a [i64],
 }
 
