@@ -82,9 +82,10 @@
 //!
 //! ## The claim's cost
 //!
-//! `EXPLAIN (ANALYZE, BUFFERS)` on 100,000 rows: see [`CANDIDATES`] (17 ms in steady state,
-//! 5 ms a claim of a 100,000-row backlog with bounded deltas; 0.4 s a claim when one
-//! transaction wrote the 100,000 rows).
+//! See [`CANDIDATES`]: a claim's scan stays about a batch long however large the backlog, with
+//! bounded deltas, except where one transaction wrote a delta far larger than a batch, which
+//! each claim reads whole. Measured (`EXPLAIN (ANALYZE, BUFFERS)` on 100,000 rows):
+//! `docs/design/stream-mode.md`.
 
 mod claim;
 mod pending;
