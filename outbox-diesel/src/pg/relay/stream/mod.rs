@@ -43,7 +43,7 @@
 //!   is settled in memory; its `ADVANCE` is *owed* (`StreamStore::owed`) and written beside
 //!   the next batch's publish. The next batch may be published first because nothing of this
 //!   one holds an aggregate back; an event that failed, an outage or a dead letter writes at
-//!   once, as before. One write is owed at most: every other statement that reads or moves
+//!   once. One write is owed at most: every other statement that reads or moves
 //!   positions (a read, an `ADVANCE`, a release, a rebalance, `release_all` on shutdown)
 //!   writes it first, so the positions in the database never move back or skip;
 //! - when a batch takes the last rows read ahead, the next rows are read while it is
