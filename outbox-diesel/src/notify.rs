@@ -3,10 +3,11 @@
 //!
 //! A notification is transactional (delivered at commit, dropped on rollback) and only wakes
 //! relays; they still claim by state. It is not free: PostgreSQL serialises the commits of
-//! notifying transactions on one global lock, so a `NOTIFY` in *every* transaction cut write
-//! throughput by more than half on the machine we measured (16 writers, `synchronous_commit`
-//! on). Hence the throttle: by default at most one notifying transaction per 100 ms per
-//! process. A commit inside the window wakes nobody, so the relay does not rely on a
+//! notifying transactions on one global lock, so a `NOTIFY` in *every* transaction cuts
+//! write throughput by more than half under many concurrent writers (measured:
+//! `docs/design/write-path.md`, section "The notify throttle"). Hence the throttle: by default
+//! at most one notifying transaction per 100 ms per process. A commit inside the window wakes
+//! nobody, so the relay does not rely on a
 //! notification per commit: after a notification or a claim that found rows it claims again
 //! every few milliseconds for its `RelayConfig::wake_window` (150 ms by default, longer than
 //! this throttle), and only then falls back to its poll interval; no committed event waits a

@@ -22,7 +22,7 @@
 //!   published earlier is already in the table before it.
 //!
 //! A transaction with no nested writes costs one registry entry (a global lock taken twice)
-//! and writes its events exactly as before, with one `INSERT`.
+//! and writes its events as any other transaction does, with one `INSERT`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};

@@ -92,15 +92,11 @@ pub struct Claim<'a> {
     ///
     /// The relay sets it on an ordered claim made beside batches in flight. Such a claim finds
     /// rows only near the head of the backlog (every aggregate in flight holds back its later
-    /// rows), and one that finds nothing walks the whole backlog to prove it: measured on a
-    /// private PostgreSQL cluster, 1,000,000 rows over 1,000 aggregates, batch 1,000, one
-    /// sharded relay: its 33rd claim, the first beside a batch in flight, ran until the drain
-    /// was stopped 25 s later (33,000 events published, 1,100 events/s), while a run whose
-    /// claims happened never to overlap drained 874,000 in the same 30 s. `EXPLAIN (ANALYZE,
-    /// BUFFERS)` of that claim (the same table, its first 1,000 rows leased): 12,940 ms, every
-    /// one of the 1,000,000 pending rows examined and rejected; with a look-ahead of 6,000,
-    /// 34 ms (the claim before it, which found its 1,000 rows: 18 ms). With nothing in flight
-    /// the relay claims without a bound, so no pending row is out of reach.
+    /// rows), and one that finds nothing walks the whole backlog to prove it, which on a large
+    /// backlog takes seconds and stalls the drain; bounded, it costs about as much as a claim
+    /// that fills its batch. With nothing in flight the relay claims without a bound, so no
+    /// pending row is out of reach. Measured: `docs/design/relay-loop.md`, section "The
+    /// look-ahead of a claim beside batches in flight".
     pub look_ahead: Option<usize>,
     /// Rows of this relay that the broker acknowledged and whose mark as published is being
     /// written beside this claim (on the store's [`settler`](RelayStore::settler)): an ordered
@@ -108,11 +104,12 @@ pub struct Claim<'a> {
     /// later row of their aggregate. Empty unless the relay settles beside its claims.
     ///
     /// A store with a settler must honour it in ordered claims, or an ordered relay claims
-    /// far less than it could: measured on PostgreSQL, an ordered claim made while the last
-    /// batch's mark was still running found that batch's aggregates leased (its head-of-line
-    /// window all blocked) and took the slower walk, 0.77–1.00× the drain of a relay that
-    /// settled between its claims. Order is kept: a row is in here only once its publish was
-    /// acknowledged, so every later row of its aggregate is published after it.
+    /// far less than it could: an ordered claim made while the last batch's mark is still
+    /// running finds that batch's aggregates leased (its head-of-line window all blocked) and
+    /// takes the slower walk, and settling beside the claims then loses to settling between
+    /// them. Measured: `docs/design/relay-loop.md`, section "Claims told which rows are being
+    /// settled". Order is kept: a row is in here only once its publish was acknowledged, so
+    /// every later row of its aggregate is published after it.
     pub settling: &'a [i64],
 }
 

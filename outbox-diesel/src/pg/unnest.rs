@@ -2,17 +2,10 @@
 //! the other backends write (cached per row count); above that one statement whatever the
 //! number of rows, each column bound as one array and turned back into rows by `unnest`.
 //!
-//! Measured with `cargo run --release -p outbox-bench --example insert_shapes --
-//! postgres://postgres@127.0.0.1:5432 9 700 sync-off` (both shapes interleaved in one run,
-//! medians of 9 runs of 0.7 s, `synchronous_commit = off` so that the commit's flush does not
-//! hide the statements; 2 cores shared with builds, load average 9–14), events/s of
-//! transactions of one business row and n events, `VALUES` / arrays: n = 1: 1,288 / 1,199
-//! (0.93); n = 10: 3,269 / 2,636 (0.81); n = 100: 6,247 / 10,224 (1.64); n = 1,000: 7,525 /
-//! 15,438 (2.05). The cached `VALUES` statement is the cheaper one for a few rows (no arrays to
-//! build and unpack); past 16 rows it is prepared anew for every transaction and its 11 binds
-//! per row cost more than ten arrays, so the arrays take over there. Re-run with this split
-//! (load average 6): n = 100: 11,270 / 17,078 (1.52); n = 1,000: 19,670 / 43,421 (2.21); n = 1
-//! and 10, now the same `VALUES` statement on both sides, 0.92 and 0.99: the run's noise.
+//! The cached `VALUES` statement is the cheaper one for a few rows (no arrays to build and
+//! unpack); past 16 rows it is prepared anew for every transaction and its 11 binds per row
+//! cost more than ten arrays, so the arrays take over there. Measured:
+//! `docs/design/write-path.md`, section "The outbox `INSERT` on PostgreSQL".
 
 use diesel::pg::Pg;
 use diesel::query_builder::AstPass;

@@ -17,9 +17,9 @@
 //! it ([`StatementTimeout`]), whoever built the store: the connection is configured with it
 //! when it is made, and again when the lease it derives from changes. What it sets is the
 //! backend's own: PostgreSQL's `statement_timeout`; on MariaDB `max_statement_time` and, on
-//! MySQL and MariaDB, `innodb_lock_wait_timeout` (whole seconds, at least 1, at most the 10
-//! s the store always used); on SQLite, which has no statement timeout, `busy_timeout`, the
-//! wait for the write lock (at most the 5 s the store always used).
+//! MySQL and MariaDB, `innodb_lock_wait_timeout` (whole seconds, at least 1, at most 10);
+//! on SQLite, which has no statement timeout, `busy_timeout`, the wait for the write lock
+//! (at most 5 s).
 
 use std::future::Future;
 use std::pin::Pin;

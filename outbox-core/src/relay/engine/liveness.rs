@@ -146,10 +146,10 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
         // Sharded relays rebalance on the liveness cadence (a second by default): a peer that
         // dies or joins changes everyone's fair share, and shards a reap frees beyond the
         // reaper's own share would otherwise wait for the others' renewal, a third of a lease
-        // (measured in the SIGKILL storm: 20 shards without an owner for 9 s after kills,
-        // while a relay sat below its new share). Leader mode: the leader renews every third
-        // of a lease, standbys look every tenth, so a dead leader's work moves on soon after
-        // its lease ends (or at once, when its session is reaped).
+        // (see `docs/design/relay-loop.md`, section "Rebalancing on the liveness cadence").
+        // Leader mode: the leader renews every third of a lease, standbys look every tenth, so
+        // a dead leader's work moves on soon after its lease ends (or at once, when its
+        // session is reaped).
         match self.config.mode {
             Mode::Sharded | Mode::Stream => self.liveness_every(),
             _ if active => self.config.lease / 3,

@@ -114,13 +114,11 @@ impl Window {
 /// A claimed, unsettled event holds back the later events of its aggregate (that is what
 /// keeps the order), so a claim made beside the batches in flight finds only aggregates that
 /// are not in them. Where a batch holds an event of every aggregate with pending events, it
-/// finds nothing, after the head-of-line check of every pending row: measured with the
-/// benchmark's backlog (1,000 aggregates, batch 1,000), claiming beside the batch in flight
-/// halved the null-publisher drain (sharded, 1 relay: 4,400–4,800 events/s one batch at a
-/// time, 1,900–2,500 claiming beside it in the same period), and backing off from it by
-/// doubling (1, 2, 4, … claims) still cost 15–20 % of a 20-batch drain against the SQL
-/// ceiling (74 % → 57–58 %), and even one such claim at the start of a 20-batch drain kept it
-/// at 49–54 %. So an ordered relay starts with one batch at a time for its first 32 claims;
+/// finds nothing, after the head-of-line check of every pending row: on a backlog where every
+/// batch holds every aggregate, claiming beside the batch in flight halves the drain, and
+/// neither backing off by doubling nor a single such claim at the start wins that back.
+/// Measured: `docs/design/relay-loop.md`, section "Claiming beside batches in flight". So an
+/// ordered relay starts with one batch at a time for its first 32 claims;
 /// then it claims beside the batches in flight, until such a claim finds nothing while the
 /// claim before it was full (a backlog it cannot reach: the next 32 claims are made with
 /// nothing in flight again). An empty claim beside batches in flight with no backlog (the

@@ -11,10 +11,10 @@
 //!
 //! **How fast.** A SIGKILLed relay's socket is closed by its kernel, its backend sees the
 //! end of file at once and exits, and its `pg_stat_activity` row is gone: peers checking
-//! every second reap it within about a second. Measured (`tests/e2e/takeover.rs`, 30 s
-//! lease, 2 shared cores): the survivor held every shard and had claimed the victim's rows
-//! 0.3–1.1 s after the SIGKILL (four runs); a standby led 0.2–0.3 s after its leader's. A relay whose host vanished (no FIN) keeps
-//! its backend until TCP keepalive gives up; its lease is the rule then, as before.
+//! every second reap it within about a second, whatever the lease. Measured:
+//! `docs/design/postgres-claims.md`, section "Reaping relays whose session ended". A relay
+//! whose host vanished (no FIN) keeps its backend until TCP keepalive gives up; its lease is
+//! the rule then.
 //!
 //! **Paused or partitioned relays** (SIGSTOP, a network partition) keep their backend, so
 //! they are not reaped; they lose their work only by their leases and are fenced as ever
@@ -95,10 +95,9 @@ const HOLDER: &str = "SELECT r.session_pid, host(a.client_addr) AS client \
 /// The row leases are found among the pending rows (`published_at IS NULL AND dead_at IS
 /// NULL`, the pending indexes' predicate): no index reads `locked_by`, so that a claim is a
 /// HOT update (see `CLAIM_UNORDERED`). That is a pass over the backlog, paid only when a
-/// relay died, not per claim. Measured with `EXPLAIN (ANALYZE)` on PostgreSQL 15, 100,000
-/// pending rows (5,000 aggregates, analysed) of which 500 leased by a dead relay: see the test
-/// `reap_finds_the_leases_of_dead_relays` (the in-flight index that served it before,
-/// 0.06 ms, cost every claim an index entry per row).
+/// relay died, not per claim; an index on the lease would make the reap a lookup, but cost
+/// every claim an index entry per row. Measured: `docs/design/postgres-claims.md`, section
+/// "Reaping relays whose session ended".
 pub const REAP: &str = "WITH dead AS ( \
        DELETE FROM outbox_relays r \
        WHERE r.relay_id <> $1 AND r.session_pid IS NOT NULL \

@@ -5,17 +5,17 @@ pub const NOTIFY_CHANNEL: &str = "outbox_events";
 
 /// Session settings of relay connections. `force_custom_plan`: a claim planned once as a
 /// generic plan while the table was empty can keep a sequential-scan plan after the table
-/// fills (measured: claims of 80–100 s); custom plans are re-planned with the real values.
+/// fills, and such claims take minutes; custom plans are re-planned with the real values.
 ///
 /// Generic plans would save a third of a claim at batch 100, but a plan made on an empty
 /// table keeps scans no full table can afford; what was measured, and what is left to try:
 /// `docs/design/postgres-claims.md`.
 ///
 /// `jit = off`: the ordered claim's estimated cost (its `LIMIT` over a filtered scan with two
-/// subqueries per candidate) is far above `jit_above_cost`, so PostgreSQL compiled it with
-/// LLVM on every claim: 20–25 ms of server CPU for a claim that runs in under 1 ms, found with
-/// `EXPLAIN (ANALYZE)` while the benchmark showed ordered drains at 3–17 % of the SQL ceiling
-/// with the server burning a core. The claims are short index scans; JIT never pays here.
+/// subqueries per candidate) is far above `jit_above_cost`, so PostgreSQL would compile it
+/// with LLVM on every claim, at many times the claim's own cost in server CPU. The claims are
+/// short index scans; JIT never pays here. Measured: `docs/design/postgres-claims.md`,
+/// section "JIT off".
 pub const SESSION_SQL: &str = "SET plan_cache_mode = force_custom_plan; SET jit = off";
 
 /// Names the relay's sessions in `pg_stat_activity`, unless the connections come from the
@@ -27,11 +27,10 @@ pub const APPLICATION_NAME_SQL: &str = "SET application_name = 'outbox-relay'";
 ///
 /// **The relay's own writes are committed without waiting for their WAL flush.** Every
 /// claim, mark, settle and lease renewal is a transaction of its own, and with
-/// `synchronous_commit = on` each waits for an `fsync`: measured with `pgbench` on this
-/// project's 2-core test machine, one single-row `UPDATE` a transaction averaged 3.7–3.9 ms
-/// with it and 0.18–0.24 ms without (a release build running beside it), so a relay at batch
-/// 100 spent most of its time waiting for the disk (two commits a batch), and the claim's
-/// flush sat between an event's commit and its publish.
+/// `synchronous_commit = on` each waits for an `fsync`, many times the cost of the write
+/// itself: a relay at batch 100 would spend most of its time waiting for the disk (two commits
+/// a batch), and the claim's flush would sit between an event's commit and its publish.
+/// Measured: `docs/design/postgres-claims.md`, section "Asynchronous commits".
 ///
 /// What it risks: a crash of the server (or a failover to a replica) may lose the last
 /// fraction of a second of the relay's writes (at most three `wal_writer_delay`s, 600 ms by
@@ -60,11 +59,10 @@ pub(super) const RETURNING: &str = "RETURNING o.seq, o.id, o.aggregate_type, o.a
 /// **A claim is a HOT update.** It writes only `locked_by` and `locked_until`, which no index
 /// reads (key or predicate), and the table's `fillfactor = 50` leaves room for the new
 /// versions on the page (migration `hot_claims`), so PostgreSQL writes the new version next to
-/// the old one and no index entry at all. Measured (`EXPLAIN (ANALYZE, WAL)`, claims of 1,000
-/// of 20,000 rows after a `CHECKPOINT`): 2.05 WAL records and 354 bytes per row (the row lock
-/// and the heap update), against 9.2 records and 1,203 bytes when the claim also set
-/// `attempts` and the in-flight index's predicate read the lease (a new entry in each of the
-/// table's indexes per claimed row); the claim ran in a fifth of the time.
+/// the old one and no index entry at all: a claimed row costs the WAL its row lock and heap
+/// update only, where a claim that also wrote an indexed column would add a new entry in each
+/// of the table's indexes per claimed row, and take several times as long. Measured:
+/// `docs/design/postgres-claims.md`, section "HOT claims".
 ///
 /// `attempts` is not written here: the relay's `fail` counts a failed publish. A claim that
 /// takes over an expired lease (the relay that held it lost the database for longer than the
@@ -85,8 +83,8 @@ pub const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
 ///
 /// The claimed rows are updated through `o.seq = ANY(ARRAY(...))`, which always reads them by
 /// primary key; joined as `FROM (...) c WHERE o.seq = c.seq` the update was planned (on a
-/// one-row estimate) as a sequential scan per claimed row, measured by the benchmark at 60 ms
-/// to 280 ms per claim of 1,000.
+/// one-row estimate) as a sequential scan per claimed row. Measured:
+/// `docs/design/postgres-claims.md`, section "Updating the claimed rows by primary key".
 ///
 /// **Head of line: a window over the first batch of pending rows.** `b` reads the first `$3`
 /// pending rows of the relay's shards in `seq` order, blocked or not (one walk of the pending
@@ -106,14 +104,14 @@ pub const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
 /// state is read from the rows.
 ///
 /// Candidates beyond `b` (the batch was not filled from it: some of its rows are blocked)
-/// keep the walk that was the whole check before: a scalar subquery with `LIMIT 1` over the
+/// keep the walk: a scalar subquery with `LIMIT 1` over the
 /// aggregate's pending rows (`outbox_events_pending_aggregate`) from the oldest pending row
 /// of the table (`p.seq >= (SELECT min(m.seq) …)`, computed once: the index entries of rows
-/// published since the last `VACUUM` are skipped by the descent; measured 0.054 → 0.004 ms a
-/// probe on 100,000 rows of which 50,000 published) up to the candidate, stopping at the
-/// first blocked one. (Scalar subqueries, not `NOT EXISTS`: on a table whose statistics lag
-/// behind its size that form was planned as a probe of the `seq` index or of the whole table
-/// per candidate, 20 s to over 5 minutes per claim of 1,000 rows with 100,000 pending.) That
+/// published since the last `VACUUM` are skipped by the descent) up to the candidate,
+/// stopping at the first blocked one. (Scalar subqueries, not `NOT EXISTS`: on a table whose
+/// statistics lag behind its size that form is planned as a probe of the `seq` index or of the
+/// whole table per candidate.) Measured: `docs/design/postgres-claims.md`, section "The
+/// walk's lower bound and its scalar subqueries". That
 /// walk alone steps over every unblocked earlier row of the candidate's aggregate, which are
 /// candidates of the same claim: quadratic in one aggregate's rows per batch.
 ///
@@ -121,8 +119,9 @@ pub const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
 /// `docs/design/postgres-claims.md`.
 ///
 /// The dead-letter check probes the small `outbox_events_dead_aggregate` per candidate only
-/// while a dead letter exists (an uncorrelated `NOT EXISTS`, evaluated once per claim): 2,000
-/// buffers of the walk's 9,138 went to probes that found nothing.
+/// while a dead letter exists (an uncorrelated `NOT EXISTS`, evaluated once per claim): without
+/// a dead letter, probes per candidate find nothing and cost a good part of the claim's reads.
+/// Measured: `docs/design/postgres-claims.md`, section "The dead-letter check".
 ///
 /// `$7` ([`Claim::look_ahead`](outbox_core::relay::Claim::look_ahead)), when not null,
 /// bounds the candidates to the first `$7` pending rows of the relay's shards: the relay sets
@@ -134,22 +133,24 @@ pub const CLAIM_UNORDERED: &str = "UPDATE outbox_events o \
 /// broker acknowledged, whose mark the relay's settler writes beside this claim. Those still
 /// leased by `$1` are left out of `b`, as the published rows are: they hold back nothing there
 /// (each was published before any later row of its aggregate will be). Without it, a claim made
-/// while the last batch was being marked found that batch's aggregates leased in `b` and took
-/// the walk. Nowhere else: a candidate that is one of them is leased (not claimable), and the
+/// while the last batch is being marked would find that batch's aggregates leased in `b` and
+/// take the walk. Nowhere else: a candidate that is one of them is leased (not claimable), and the
 /// walk, which runs only for candidates beyond `b`, counts them as leased, which holds back
 /// more than it must but never less. A row whose lease passed to another relay (`locked_by` is
 /// theirs) or was given back (`NULL`) counts as what it is. Under custom plans the array is a
 /// constant: `= ANY` of one is a hashed lookup (PostgreSQL 14 and later, from 9 elements), but
-/// the planner estimates it element by element; measured with `psql` on 20,000 rows, a
-/// 1,000-element array cost 0.2–0.3 ms of planning per place it appears, so it appears once.
+/// the planner estimates it element by element, which costs planning time in each place it
+/// appears, so it appears once. Measured: `docs/design/postgres-claims.md`, section "The
+/// settling rows' array".
 ///
 /// **Two claims on one shard must never run at once.** Under READ COMMITTED a claim that
 /// waited for a row lock re-checks (EvalPlanQual) only the rows it waited for, not the
 /// head-of-line condition of the later rows it keeps: two concurrent claims on one shard can
 /// each take part of an aggregate's run, and one can publish a later event while the other
-/// still holds an earlier one. Found with two sharded relays that shared one `relay_id` (a
-/// config cloned for both): both owned every shard of that id, and an aggregate came out as
-/// `[0, 1, 2, 3, 6, 4, 5, 7]`. What ensures one claimant per shard: the shard (or leadership)
+/// still holds an earlier one. Two sharded relays sharing one `relay_id` (a config cloned for
+/// both) would both own every shard of that id and publish aggregates out of order (see
+/// `docs/design/postgres-claims.md`, section "One claimant per shard"). What ensures one
+/// claimant per shard: the shard (or leadership)
 /// lease names one relay id, and the heartbeat refuses an id another live session holds
 /// (`pg_sessions`), so a second process with the same id claims nothing. A relay whose lease
 /// passed to another while its claim waited cannot act on it either: `statement_timeout`
@@ -208,8 +209,9 @@ pub const CLAIM_ORDERED: &str = "UPDATE outbox_events o \
 
 /// The mark: not a HOT update (the pending indexes' predicates read `published_at`), but its
 /// new version lands on the same page once the page is pruned of the claim's old versions
-/// (`fillfactor = 50`), so the table does not grow: measured 4.1 WAL records and 370 bytes
-/// per row, against 5.1 and 528 before the claim became HOT.
+/// (`fillfactor = 50`), so the table does not grow, and it writes less WAL per row than when
+/// the claim was not a HOT update. Measured: `docs/design/postgres-claims.md`, section "HOT
+/// claims".
 pub(super) const COMPLETE_MARK: &str = "UPDATE outbox_events \
      SET published_at = now(), locked_by = NULL, locked_until = NULL \
      WHERE seq = ANY($2) AND locked_by = $1";
@@ -297,14 +299,11 @@ pub(super) const TAKE_SHARDS: &str = "UPDATE outbox_shard_leases \
 /// turn of the ring (`ring.floor`): rows a partition could not be emptied of because newer
 /// ones share it.
 ///
-/// Measured with `psql` on the shared test server (autovacuum off, a release build running
-/// beside it), 1,000,000 rows over 1,000 aggregates, every position at the current snapshot:
-/// 10,000 stream rows a statement in 0.25–0.5 s, where 10,000 rows a lease mode published
-/// took 65 ms. A shard's rows are spread over the whole heap (the lease mode's oldest
-/// `published_at` are neighbours), so each row costs a page of its own. Taking the oldest
-/// `⌈$2 / 256⌉` of every shard instead (neighbours again) measured 0.18–0.4 s against
-/// 0.25–0.4 s in the same run, interleaved: not enough to pay for what it needs (a second
-/// pass for the batches one shard holds most of).
+/// A shard's rows are spread over the whole heap (the lease mode's oldest `published_at` are
+/// neighbours), so each stream row deleted costs a page of its own: several times what a lease
+/// mode's row costs. Taking the oldest `⌈$2 / 256⌉` of every shard instead (neighbours again)
+/// gains too little to pay for what it needs (a second pass for the batches one shard holds
+/// most of). Measured: `docs/design/postgres-claims.md`, section "Retention of stream rows".
 pub(super) const CLEANUP: &str = "WITH tick AS ( \
          INSERT INTO outbox_stream_ticks (tick_at, snapshot) \
          SELECT now(), pg_current_snapshot() \

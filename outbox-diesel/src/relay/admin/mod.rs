@@ -38,13 +38,9 @@ pub use types::{
 
 use std::time::Duration;
 
-/// Rows per retention batch of [`Admin::cleanup`] by default: no statement near one second.
-///
-/// Measured (`cargo test --all-features --test relay -- --ignored cleanup_timing_1m`, 1,000,000
-/// published rows, a 2-core machine shared with other builds): at 1,000 rows the slowest
-/// batch took 109 ms on PostgreSQL 15 (1,000 batches in 16.8 s), 354 ms on MariaDB 10.11
-/// (55.4 s) and 68 ms on SQLite (8.2 s). At 10,000 rows MariaDB's slowest batch took 1.95 s
-/// (0.88 s on average), PostgreSQL's 196 ms and SQLite's 164 ms.
+/// Rows per retention batch of [`Admin::cleanup`] by default: no statement near one second
+/// on any backend (ten times as many take MariaDB's slowest batch to about two seconds).
+/// Measured: `docs/design/mysql-sqlite.md`, section "The default retention batch".
 pub const DEFAULT_CLEANUP_BATCH: usize = 1_000;
 
 /// Rows per replay batch of [`Admin::replay`] by default.

@@ -10,8 +10,8 @@ pub(super) const SESSION_SQL: &str = "PRAGMA journal_mode = WAL;";
 
 /// `PRAGMA busy_timeout` for a statement timeout of `timeout` (a third of the relay's lease,
 /// see `relay::base`): SQLite has no statement timeout, and the wait for the write lock is
-/// the only wait of the store's statements, so that wait is kept within it (and within the
-/// 5 s it always had).
+/// the only wait of the store's statements, so that wait is kept within it (and within
+/// 5 s).
 pub(super) fn busy_timeout(timeout: std::time::Duration) -> String {
     let ms = timeout.as_millis().min(5_000);
     format!("PRAGMA busy_timeout = {ms};")

@@ -213,11 +213,11 @@ impl StreamStore {
         let g_cursors: Vec<i64> = given.iter().map(|(p, _)| p.cur_seq).collect();
         let g_versions: Vec<i64> = given.iter().map(|(p, _)| p.version).collect();
         // Reading ahead, the deltas are bounded at twice the read, so that a read is full (its
-        // batches whole) however the bounds of the shards fall: read 1,000 at batch 100 with
-        // deltas bounded at 1,000 rows, reads came back with 268 and 732 rows once the shards'
-        // positions had parted, and each short batch made the relay wait for its poll interval.
-        // A read of one batch keeps the bound at the batch: at batch 1,000 twice that made
-        // each read scan the other half of its deltas again (one relay, 0.9x).
+        // batches whole) however the bounds of the shards fall: with deltas bounded at the
+        // read, reads come back short once the shards' positions have parted, and each short
+        // batch makes the relay wait for its poll interval. A read of one batch keeps the bound
+        // at the batch: twice that makes each read scan the other half of its deltas again.
+        // Measured: `docs/design/stream-mode.md`, section "How far a read's deltas reach".
         let bound = if read > limit {
             read.saturating_mul(2)
         } else {

@@ -43,7 +43,7 @@
 //!   is settled in memory; its `ADVANCE` is *owed* (`StreamStore::owed`) and written beside
 //!   the next batch's publish. The next batch may be published first because nothing of this
 //!   one holds an aggregate back; an event that failed, an outage or a dead letter writes at
-//!   once, as before. One write is owed at most: every other statement that reads or moves
+//!   once. One write is owed at most: every other statement that reads or moves
 //!   positions (a read, an `ADVANCE`, a release, a rebalance, `release_all` on shutdown)
 //!   writes it first, so the positions in the database never move back or skip;
 //! - when a batch takes the last rows read ahead, the next rows are read while it is
@@ -82,9 +82,10 @@
 //!
 //! ## The claim's cost
 //!
-//! `EXPLAIN (ANALYZE, BUFFERS)` on 100,000 rows: see [`CANDIDATES`] (17 ms in steady state,
-//! 5 ms a claim of a 100,000-row backlog with bounded deltas; 0.4 s a claim when one
-//! transaction wrote the 100,000 rows).
+//! See [`CANDIDATES`]: a claim's scan stays about a batch long however large the backlog, with
+//! bounded deltas, except where one transaction wrote a delta far larger than a batch, which
+//! each claim reads whole. Measured (`EXPLAIN (ANALYZE, BUFFERS)` on 100,000 rows):
+//! `docs/design/stream-mode.md`.
 
 mod claim;
 mod pending;

@@ -64,13 +64,14 @@ pub(super) struct Advance {
 /// shard neither published nor copied aside (dead, parked); the whole delta (last snapshot :=
 /// the delta's end) when every row it offered was passed. A shard whose position stays is left
 /// out: among them the shards with no row in a full batch, whose deltas may hold rows the
-/// batch had no room for (treating them as empty lost those rows: 796 of 3,000 events
-/// published in `stream_delta_larger_than_a_batch_loses_nothing`).
+/// batch had no room for (treating them as empty would lose those rows; the test
+/// `stream_delta_larger_than_a_batch_loses_nothing` checks they are published, see
+/// `docs/design/stream-mode.md`, section "Shards with no row in a full batch").
 pub(super) fn advanced(p: &Pending) -> Vec<Advance> {
     // Each shard's rows, in seq order, grouped in one pass: a filter of the batch's rows for
-    // each position was O(shards × batch): 270 µs a call against 40 µs at 256 shards and
-    // 1,000 rows (both loops in a standalone release build), and a batch passed whole and
-    // followed by rows read ahead makes three calls.
+    // each position is O(shards × batch), several times slower at 256 shards and 1,000 rows,
+    // and a batch passed whole and followed by rows read ahead makes three calls. Measured:
+    // `docs/design/stream-mode.md`, section "Settling a batch in memory".
     let mut by_shard: HashMap<i16, Vec<i64>> = HashMap::new();
     for (seq, shard) in &p.rows {
         by_shard.entry(*shard).or_default().push(*seq);
@@ -127,7 +128,8 @@ pub(super) fn clean(p: &Pending) -> bool {
 /// position, with the snapshot being consumed (`None`: the delta is exhausted, the next one
 /// starts), as `POSITIONS` takes them given. (Without the consumed deltas of the batches
 /// before `p`, which were passed on as deltas ending where they start, the reads beside the
-/// publish came back with a few rows each: 30 reads of the 20,000-row drain where 17 did.)
+/// publish would come back with a few rows each, and take nearly twice as many reads; see
+/// `docs/design/stream-mode.md`, section "Positions assumed for a read beside the publish".)
 pub(super) fn assumed_positions(p: &Pending) -> Vec<(PositionRow, Option<String>)> {
     let mut all = p.clone();
     for (seq, _) in &p.rows {

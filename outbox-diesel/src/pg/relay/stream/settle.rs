@@ -30,8 +30,8 @@ impl StreamStore {
         let mut n = 0u64;
         for (seq, outcome) in seqs {
             // `rows` is in seq order: a binary search, and the scan only for a seq it missed
-            // (the scan alone is O(batch²): 254 µs a settle of 1,000 rows against 10 µs,
-            // measured with both loops in a standalone release build).
+            // (the scan alone is O(batch²); measured: `docs/design/stream-mode.md`, section
+            // "Settling a batch in memory").
             if p.rows.binary_search_by_key(&seq, |(s, _)| *s).is_ok()
                 || p.rows.iter().any(|(s, _)| *s == seq)
             {

@@ -26,8 +26,8 @@ pub(super) struct StatsRow {
 /// fact): `X:X:` (every transaction below X visible) where X - 1 is the xid of the shard's
 /// k-th row from the last snapshot's xmin on (k = `$2` / the shards held, at least 1), raised
 /// to the last snapshot's xmax (so `X:X:` sees everything the last snapshot saw: a lower X
-/// would forget transactions above it that were already published, and publish them again;
-/// the trap test caught that), if every transaction below X has ended (X at most the
+/// would forget transactions above it that were already published, and publish them again),
+/// if every transaction below X has ended (X at most the
 /// current snapshot's xmin); else the current snapshot. A delta then holds about k rows a
 /// shard (more when one transaction wrote more), which keeps a claim's scan about a batch
 /// long however large the backlog (see [`CANDIDATES`]). X is above the last snapshot's
