@@ -189,7 +189,7 @@ impl NewMessage {
     }
 
     /// The message's size as librdkafka's producer checks it against `message.max.bytes`:
-    /// [`RECORD_OVERHEAD_BYTES`], the key (the aggregate id), the payload, and every header the
+    /// the record framing (`RECORD_OVERHEAD_BYTES`, 36 bytes), the key (the aggregate id), the payload, and every header the
     /// relay sends (its own `id`, `event_type`, `event_version`, `aggregate_type` and
     /// `created_at`, then the event's headers but those named like its own), each as a
     /// varint-prefixed name and value. What the writer accepts under the default limit, the

@@ -133,7 +133,7 @@ struct VersionRow {
     version: String,
 }
 
-/// [`Admin::sample`](super::Admin::sample) on MySQL and MariaDB: each statement limited on
+/// [`Admin::sample`](crate::relay::admin::Admin::sample) on MySQL and MariaDB: each statement limited on
 /// its own, with no session state left behind: MariaDB's `SET STATEMENT max_statement_time
 /// = s FOR …`, MySQL's `MAX_EXECUTION_TIME(ms)` optimizer hint.
 async fn sample(conn: &mut AsyncMysqlConnection, timeout: Duration) -> Result<Sample, AdminError> {

@@ -181,7 +181,7 @@ const SAMPLE: &str = concat!(
          ORDER BY seq LIMIT 1) o ON true"
 );
 
-/// [`Admin::sample`](super::Admin::sample) on PostgreSQL: one read-only transaction with
+/// [`Admin::sample`](crate::relay::admin::Admin::sample) on PostgreSQL: one read-only transaction with
 /// `SET LOCAL statement_timeout` (so nothing outlives it, and a pooler in transaction mode
 /// sees no session state).
 async fn sample(conn: &mut AsyncPgConnection, timeout: Duration) -> Result<Sample, AdminError> {

@@ -108,7 +108,7 @@ async fn rotate(
 
 admin_connection!(Conn);
 
-/// [`Admin::sample`](super::Admin::sample) on SQLite: the status's figures. An embedded
+/// [`Admin::sample`](crate::relay::admin::Admin::sample) on SQLite: the status's figures. An embedded
 /// database has no statement timeout to set, and its one relay shares the file with nobody
 /// whose statements the sample could hold up for long.
 async fn sample(conn: &mut Conn, _timeout: Duration) -> Result<Sample, AdminError> {

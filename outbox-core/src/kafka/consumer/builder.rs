@@ -254,7 +254,7 @@ impl KafkaConsumerBuilder {
     }
 
     /// The wait between attempts after a permanent failure (default
-    /// [`DEFAULT_RETRY_BACKOFF`]). The partitions are paused and the consumer polled meanwhile,
+    /// [`DEFAULT_RETRY_BACKOFF`](crate::consumer::DEFAULT_RETRY_BACKOFF)). The partitions are paused and the consumer polled meanwhile,
     /// so the waits may add up to any length. [`build`](Self::build) refuses a backoff that
     /// [`Backoff::validate`] refuses, naming `retry_backoff.<field>`.
     ///
@@ -275,7 +275,7 @@ impl KafkaConsumerBuilder {
     }
 
     /// The wait between attempts after a transient failure, an outage (default
-    /// [`DEFAULT_OUTAGE_BACKOFF`]: 100 ms doubling to 2 s). The message is retried for as long
+    /// [`DEFAULT_OUTAGE_BACKOFF`](crate::consumer::DEFAULT_OUTAGE_BACKOFF): 100 ms doubling to 2 s). The message is retried for as long
     /// as the outage lasts, its partitions paused and the consumer polled; `max` bounds how
     /// long after the outage's end the consumer goes on. [`build`](Self::build) refuses a
     /// backoff that [`Backoff::validate`] refuses, naming `outage_backoff.<field>`.
@@ -358,7 +358,7 @@ impl KafkaConsumerBuilder {
         self
     }
 
-    /// How many parked keys the consumer remembers (default [`DEFAULT_MAX_PARKED_KEYS`], about
+    /// How many parked keys the consumer remembers (default [`DEFAULT_MAX_PARKED_KEYS`](crate::consumer::DEFAULT_MAX_PARKED_KEYS), about
     /// 100 bytes each plus the key). Beyond it the oldest is forgotten, logged at `error`: its
     /// later messages are applied again. Parked keys live in memory only; a restart forgets
     /// them all.

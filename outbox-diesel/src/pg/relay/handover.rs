@@ -130,7 +130,7 @@ struct LeftBehindRow {
 }
 
 /// A lease-mode relay refused on a table that stream mode left rows in (see the
-/// [module](self)): it would publish again what the stream published, or never release the
+/// module): it would publish again what the stream published, or never release the
 /// stream's dead letters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -193,7 +193,7 @@ struct CountRow {
 }
 
 /// A stream claim refused on a table that holds dead letters of the lease modes: stream mode
-/// would not hold their aggregates' later events back (see the [module](self)).
+/// would not hold their aggregates' later events back (see the module).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseDeadLetters {
@@ -236,7 +236,7 @@ pub(crate) async fn live_stream_relays(conn: &mut AsyncPgConnection) -> diesel::
     Ok(row.n)
 }
 
-/// What [`hand_over`] did.
+/// What [`Admin::hand_over_from_stream`](crate::relay::admin::Admin::hand_over_from_stream) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Handover {
@@ -248,7 +248,7 @@ pub struct Handover {
 }
 
 /// Turns what stream mode left into lease-mode state, in one transaction (see the
-/// [module](self)). Run it with no stream relay running.
+/// module). Run it with no stream relay running.
 pub(crate) async fn hand_over(conn: &mut AsyncPgConnection) -> diesel::QueryResult<Handover> {
     conn.transaction(async |conn| {
         let marked = diesel::sql_query(MARK).execute(conn).await?;

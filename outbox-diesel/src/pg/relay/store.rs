@@ -153,9 +153,9 @@ impl RelayStore for PgRelayStore {
 
     server_methods!(sessions);
 
-    /// Deletes what there is to delete ([`cleanup_query`], which also records the tick that
+    /// Deletes what there is to delete (`cleanup_query`, which also records the tick that
     /// tells stream rows' age), then empties the partitions whose rows may all go
-    /// ([`super::partition::rotate`]; on a partitioned table the delete takes none of their
+    /// (`partition::rotate`; on a partitioned table the delete takes none of their
     /// rows).
     async fn cleanup(&mut self, older_than: Duration, limit: usize) -> Result<u64, StoreError> {
         let q = cleanup_query(older_than, i64::try_from(limit).unwrap_or(i64::MAX));

@@ -350,7 +350,7 @@ macro_rules! filtered_statements {
                  AND p.published_at IS NULL AND p.dead_at IS NULL)) b";
         const COUNT_DEAD: &str = filtered_statements!(@count_dead);
         /// Stream mode's dead letters, where there is stream mode (see
-        /// [`StreamDeadStatements`]).
+        /// `StreamDeadStatements`).
         const STREAM_DEAD: Option<$crate::relay::admin::connection::StreamDeadStatements> =
             filtered_statements!(
                 @stream_dead $stream_dead,

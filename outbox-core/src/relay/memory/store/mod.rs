@@ -1,5 +1,5 @@
 //! The in-memory [`MemoryStore`]: its state and the handles tests use; its
-//! [`RelayStore`] methods are in `relay_store.rs`.
+//! [`RelayStore`](crate::relay::RelayStore) methods are in `relay_store.rs`.
 
 mod relay_store;
 

@@ -23,7 +23,7 @@
 //! shard is not claimed until its retry time, and its attempt count lives in the relay (a
 //! restarted relay counts from 1 again).
 //!
-//! A claim reads at least [`PgRelayStore::stream_read_ahead`] rows (3,000 by default) and
+//! A claim reads at least [`PgRelayStore::stream_read_ahead`](super::PgRelayStore::stream_read_ahead) rows (3,000 by default) and
 //! keeps those past its batch for the next claims, which hand them out a batch at a time
 //! without a statement while every batch before them was published (or parked) and its
 //! `ADVANCE` moved every position it meant to (each applied to the positions kept with the
@@ -69,15 +69,15 @@
 //!
 //! An event the relay gives up on (`max_attempts`, or a row that cannot be published as it
 //! is) is copied into `outbox_stream_dead_letters` by the statement that moves its shard's
-//! position past it ([`ADVANCE`]: both or neither, and only where the relay still holds the
+//! position past it ([`ADVANCE`](sql::ADVANCE): both or neither, and only where the relay still holds the
 //! shard). While an aggregate has rows there, the claim parks its later events the same way
 //! (copied, `parked_behind` the dead letter, passed by the position) unless the relay runs
 //! with `DeadLetterPolicy::Skip`: so nothing of the aggregate is published out of order.
 //! `outbox dead retry` marks dead letters `retry_requested_at`, `outbox dead purge` deletes
 //! them; an aggregate whose first row there is then retry-requested or parked is *released*
-//! by the relay holding its shard ([`RELEASABLE`], at most every [`RELEASE_CHECK`] and at once
+//! by the relay holding its shard ([`RELEASABLE`](sql::RELEASABLE), at most every [`RELEASE_CHECK`] and at once
 //! after a release batch): its rows are published from the copies in `seq` order, each deleted
-//! once published ([`SETTLE_RELEASE`]); one that fails for itself past `max_attempts` is a
+//! once published ([`SETTLE_RELEASE`](sql::SETTLE_RELEASE)); one that fails for itself past `max_attempts` is a
 //! dead letter again and holds the rest.
 //!
 //! ## The claim's cost
@@ -146,7 +146,7 @@ impl Outcome {
 }
 
 /// How many rows a stream claim reads at least, by default
-/// ([`PgRelayStore::stream_read_ahead`]).
+/// ([`PgRelayStore::stream_read_ahead`](super::PgRelayStore::stream_read_ahead)).
 pub const READ_AHEAD: usize = 3_000;
 
 /// Stream mode's store: its claims, settles and positions (see the module's notes), on the
