@@ -79,12 +79,12 @@ impl<T: Transport> Runtime<T> {
                     );
                     if let Kind::Parked(_) = kind {
                         ConsumerStats::add(&self.stats.parked, "outbox_consumer_parked_total");
-                    } else if self.settings.after_dead_letter == AfterDeadLetter::ParkKey
+                    } else if self.settings.policy.after_dead_letter == AfterDeadLetter::ParkKey
                         && let Some((topic, key)) = self.parking.park(message)
                     {
                         tracing::error!(
                             topic, key = %String::from_utf8_lossy(&key),
-                            max_parked_keys = self.settings.max_parked_keys,
+                            max_parked_keys = self.settings.policy.max_parked_keys,
                             "too many parked keys: forgetting the oldest; its later messages \
                              will be applied although an earlier one is in the dead-letter topic"
                         );

@@ -23,16 +23,7 @@ pub(crate) struct Options<M> {
     dispatch: Dispatch<M>,
     /// The first event type given two handlers, refused by [`Options::settings`].
     duplicate_handler: Option<(String, String)>,
-    pub(crate) undecodable: UndecodablePolicy,
-    pub(crate) unhandled: UnhandledPolicy,
-    pub(crate) newer_version: NewerVersionPolicy,
-    pub(crate) max_attempts: u32,
-    pub(crate) backoff: Backoff,
-    pub(crate) outage_backoff: Backoff,
-    classifiers: Vec<UserClassifier>,
-    pub(crate) after_dead_letter: AfterDeadLetter,
-    pub(crate) max_parked_keys: usize,
-    pub(crate) shutdown_grace: Duration,
+    pub(crate) policy: Policy,
 }
 
 impl<M> Default for Options<M> {
@@ -40,6 +31,29 @@ impl<M> Default for Options<M> {
         Options {
             dispatch: Dispatch::default(),
             duplicate_handler: None,
+            policy: Policy::default(),
+        }
+    }
+}
+
+/// What a consumer does with each kind of failure, and how long it waits: every adapter's
+/// builder sets these, and the runtime reads them.
+pub(crate) struct Policy {
+    pub(crate) undecodable: UndecodablePolicy,
+    pub(crate) unhandled: UnhandledPolicy,
+    pub(crate) newer_version: NewerVersionPolicy,
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff: Backoff,
+    pub(crate) outage_backoff: Backoff,
+    pub(crate) classifiers: Vec<UserClassifier>,
+    pub(crate) after_dead_letter: AfterDeadLetter,
+    pub(crate) max_parked_keys: usize,
+    pub(crate) shutdown_grace: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
             undecodable: UndecodablePolicy::default(),
             unhandled: UnhandledPolicy::default(),
             newer_version: NewerVersionPolicy::default(),
@@ -77,7 +91,7 @@ impl<M: Received> Options<M> {
         &mut self,
         classifier: impl Fn(&(dyn Error + 'static)) -> Option<ErrorClass> + Send + Sync + 'static,
     ) {
-        self.classifiers.push(Arc::new(classifier));
+        self.policy.classifiers.push(Arc::new(classifier));
     }
 
     /// The runtime's settings for consumer `group`, or the builder option at fault and why.
@@ -97,12 +111,12 @@ impl<M: Received> Options<M> {
                 ),
             );
         }
-        if self.max_attempts == 0 {
+        if self.policy.max_attempts == 0 {
             return invalid("max_attempts", "at least 1 attempt".into());
         }
         for (backoff, name) in [
-            (&self.backoff, "retry_backoff"),
-            (&self.outage_backoff, "outage_backoff"),
+            (&self.policy.backoff, "retry_backoff"),
+            (&self.policy.outage_backoff, "outage_backoff"),
         ] {
             if let Err(e) = backoff.validate(name) {
                 return invalid(e.setting(), e.reason().to_owned());
@@ -111,16 +125,7 @@ impl<M: Received> Options<M> {
         Ok(Settings {
             group,
             dispatch: self.dispatch,
-            undecodable: self.undecodable,
-            unhandled: self.unhandled,
-            newer_version: self.newer_version,
-            max_attempts: self.max_attempts,
-            backoff: self.backoff,
-            outage_backoff: self.outage_backoff,
-            classifiers: self.classifiers,
-            after_dead_letter: self.after_dead_letter,
-            max_parked_keys: self.max_parked_keys,
-            shutdown_grace: self.shutdown_grace,
+            policy: self.policy,
         })
     }
 }

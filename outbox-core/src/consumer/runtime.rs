@@ -12,6 +12,7 @@ use tracing::Instrument;
 
 use super::dead_letter::Kind;
 use super::dispatch::{Dispatch, Handled, Undecodable};
+use super::options::Policy;
 use super::parking::Parking;
 use super::policy::{AfterDeadLetter, NewerVersionPolicy, UndecodablePolicy, UnhandledPolicy};
 use super::received::Received;
@@ -39,16 +40,7 @@ pub(crate) struct Settings<M> {
     /// The consumer's name at the broker (Kafka's group), in dead letters and logs.
     pub(crate) group: String,
     pub(crate) dispatch: Dispatch<M>,
-    pub(crate) undecodable: UndecodablePolicy,
-    pub(crate) unhandled: UnhandledPolicy,
-    pub(crate) newer_version: NewerVersionPolicy,
-    pub(crate) max_attempts: u32,
-    pub(crate) backoff: Backoff,
-    pub(crate) outage_backoff: Backoff,
-    pub(crate) classifiers: Vec<UserClassifier>,
-    pub(crate) after_dead_letter: AfterDeadLetter,
-    pub(crate) max_parked_keys: usize,
-    pub(crate) shutdown_grace: Duration,
+    pub(crate) policy: Policy,
 }
 
 /// A consumer: one transport, the settings, and the state that outlives a message.
@@ -97,7 +89,7 @@ pub(super) enum Done {
 
 impl<T: Transport> Runtime<T> {
     pub(crate) fn new(transport: T, settings: Settings<T::Message>) -> Self {
-        let parking = Parking::new(settings.max_parked_keys);
+        let parking = Parking::new(settings.policy.max_parked_keys);
         Runtime {
             transport,
             settings,
@@ -179,7 +171,7 @@ impl<T: Transport> Runtime<T> {
             event_type,
             ..
         }) = &handler
-            && self.settings.unhandled == UnhandledPolicy::Acknowledge
+            && self.settings.policy.unhandled == UnhandledPolicy::Acknowledge
         {
             // Before parking: an event this consumer does not handle is no part of its keys'
             // order, and writing it to the dead-letter topic would say it failed.
@@ -200,7 +192,7 @@ impl<T: Transport> Runtime<T> {
             .increment(1);
             return Done::Yes;
         }
-        if self.settings.after_dead_letter == AfterDeadLetter::ParkKey
+        if self.settings.policy.after_dead_letter == AfterDeadLetter::ParkKey
             && let Some(head) = self.parking.head_of(message)
         {
             let why = format!(
@@ -226,7 +218,7 @@ impl<T: Transport> Runtime<T> {
             let run = match handler.call(message) {
                 Ok(run) => run,
                 Err(e @ DecodeError::VersionTooNew { .. })
-                    if self.settings.newer_version == NewerVersionPolicy::Hold =>
+                    if self.settings.policy.newer_version == NewerVersionPolicy::Hold =>
                 {
                     outage += 1;
                     if !self.wait_for_upgrade(message, &e, outage, stop).await {
@@ -249,7 +241,7 @@ impl<T: Transport> Runtime<T> {
                 joined = &mut run => joined,
                 () = stop.wait() => {
                     // Let the transaction in flight finish, within the grace.
-                    match tokio::time::timeout(self.settings.shutdown_grace, &mut run).await {
+                    match tokio::time::timeout(self.settings.policy.shutdown_grace, &mut run).await {
                         Ok(joined) => joined,
                         Err(_) => {
                             run.abort();
@@ -287,7 +279,11 @@ impl<T: Transport> Runtime<T> {
                     "outbox_consumer_transient_errors_total",
                 );
                 outage += 1;
-                let wait = self.settings.outage_backoff.delay(outage, self.rng.unit());
+                let wait = self
+                    .settings
+                    .policy
+                    .outage_backoff
+                    .delay(outage, self.rng.unit());
                 // Every failure of a long outage at `warn` would flood the log: the first, then
                 // one in ten.
                 if outage == 1 || outage % 10 == 0 {
@@ -307,7 +303,7 @@ impl<T: Transport> Runtime<T> {
                 );
                 outage = 0;
                 attempt += 1;
-                if attempt >= self.settings.max_attempts {
+                if attempt >= self.settings.policy.max_attempts {
                     tracing::error!(
                         topic = message.source(), partition = message.partition(),
                         offset = message.position(), attempts = attempt, error = %text,
@@ -318,7 +314,7 @@ impl<T: Transport> Runtime<T> {
                         .dead_letter(message, Kind::Handler, &text, attempt, stop)
                         .await;
                 }
-                let wait = self.settings.backoff.delay(attempt, self.rng.unit());
+                let wait = self.settings.policy.backoff.delay(attempt, self.rng.unit());
                 tracing::warn!(
                     topic = message.source(), partition = message.partition(),
                     offset = message.position(), attempt, error = %text, retry_in = ?wait,
@@ -345,6 +341,7 @@ impl<T: Transport> Runtime<T> {
         use std::sync::atomic::Ordering::Relaxed;
         let wait = self
             .settings
+            .policy
             .outage_backoff
             .delay(failures, self.rng.unit());
         ConsumerStats::add(
@@ -369,7 +366,7 @@ impl<T: Transport> Runtime<T> {
     /// classifiers, the registered ones and the built-in ones (see [`crate::fault`]).
     fn classify(&self, error: &(dyn Error + 'static)) -> ErrorClass {
         classify_with(error, |e| {
-            self.settings.classifiers.iter().find_map(|c| c(e))
+            self.settings.policy.classifiers.iter().find_map(|c| c(e))
         })
     }
 
@@ -380,7 +377,7 @@ impl<T: Transport> Runtime<T> {
         stop: &mut Stop<'_>,
     ) -> Done {
         let error = why.to_string();
-        match self.settings.undecodable {
+        match self.settings.policy.undecodable {
             UndecodablePolicy::Skip => {
                 tracing::error!(
                     topic = message.source(), partition = message.partition(),

@@ -249,7 +249,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.options.max_attempts = attempts;
+        self.options.policy.max_attempts = attempts;
         self
     }
 
@@ -270,7 +270,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn retry_backoff(mut self, backoff: Backoff) -> Self {
-        self.options.backoff = backoff;
+        self.options.policy.backoff = backoff;
         self
     }
 
@@ -292,7 +292,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn outage_backoff(mut self, backoff: Backoff) -> Self {
-        self.options.outage_backoff = backoff;
+        self.options.policy.outage_backoff = backoff;
         self
     }
 
@@ -354,7 +354,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn after_dead_letter(mut self, policy: AfterDeadLetter) -> Self {
-        self.options.after_dead_letter = policy;
+        self.options.policy.after_dead_letter = policy;
         self
     }
 
@@ -368,7 +368,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn max_parked_keys(mut self, keys: usize) -> Self {
-        self.options.max_parked_keys = keys;
+        self.options.policy.max_parked_keys = keys;
         self
     }
 
@@ -393,7 +393,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn on_undecodable(mut self, policy: UndecodablePolicy) -> Self {
-        self.options.undecodable = policy;
+        self.options.policy.undecodable = policy;
         self
     }
 
@@ -406,7 +406,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn on_unhandled(mut self, policy: UnhandledPolicy) -> Self {
-        self.options.unhandled = policy;
+        self.options.policy.unhandled = policy;
         self
     }
 
@@ -419,7 +419,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn on_newer_version(mut self, policy: NewerVersionPolicy) -> Self {
-        self.options.newer_version = policy;
+        self.options.policy.newer_version = policy;
         self
     }
 
@@ -432,7 +432,7 @@ impl KafkaConsumerBuilder {
     /// # drop(builder);
     /// ```
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
-        self.options.shutdown_grace = grace;
+        self.options.policy.shutdown_grace = grace;
         self
     }
 

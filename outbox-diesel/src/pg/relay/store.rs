@@ -12,7 +12,7 @@ use outbox_core::relay::{
 
 use super::sql::*;
 use super::stream::Outcome;
-use super::stream::StreamStore;
+use super::stream::{Ask, StreamStore};
 use super::{PgRelayStore, cleanup_query, lease, shards};
 use crate::relay::base::server_methods;
 use crate::relay::common::{HolderRow, Prepared, run_each, secs, settle_malformed};
@@ -38,13 +38,7 @@ impl RelayStore for PgRelayStore {
             let read_ahead = self.read_ahead;
             return (self.stream)
                 .get_or_insert_with(|| StreamStore::new(read_ahead))
-                .claim(
-                    &mut self.base,
-                    claim.relay,
-                    claim.limit,
-                    claim.lease,
-                    dead_letters_block,
-                )
+                .claim(&mut self.base, Ask::of(claim, dead_letters_block))
                 .await;
         }
         let sorted = self.lease.claim(&mut self.base, claim).await?;
@@ -58,13 +52,7 @@ impl RelayStore for PgRelayStore {
             (claim.order, &mut self.stream)
         {
             stream
-                .overlap(
-                    &mut self.base,
-                    claim.relay,
-                    claim.limit,
-                    claim.lease,
-                    dead_letters_block,
-                )
+                .overlap(&mut self.base, Ask::of(claim, dead_letters_block))
                 .await;
         }
     }

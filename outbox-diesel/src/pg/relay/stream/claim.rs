@@ -7,13 +7,12 @@ use diesel::sql_types::{Array, BigInt, Bool, Nullable, SmallInt, Text};
 use diesel_async::RunQueryDsl;
 use outbox_core::relay::{OutboxMessage, StoreError};
 
-use super::StreamStore;
 use super::pending::{Ahead, AheadRow, Pending};
 use super::ring::{Ring, on_partition, snapshot_bounds};
 use super::sql::{
     ANALYZE_PARTITIONS, CANDIDATES, CandidateRow, POSITIONS, PositionRow, RELEASABLE, StatsRow,
 };
-use super::{IDLE_ADVANCE, Outcome, RELEASE_CHECK, STATS_CHECK, STATS_RETRY};
+use super::{Ask, IDLE_ADVANCE, Outcome, RELEASE_CHECK, STATS_CHECK, STATS_RETRY, StreamStore};
 use crate::pg::relay::PgConnector;
 use crate::relay::base::Base;
 use crate::relay::common::Prepared;
@@ -24,11 +23,14 @@ impl StreamStore {
     pub(in crate::pg::relay) async fn claim(
         &mut self,
         base: &mut Base<PgConnector>,
-        relay: &str,
-        limit: usize,
-        lease: Duration,
-        dead_letters_block: bool,
+        ask: Ask<'_>,
     ) -> Result<Vec<OutboxMessage>, StoreError> {
+        let Ask {
+            relay,
+            limit,
+            lease,
+            dead_letters_block,
+        } = ask;
         if dead_letters_block && !self.no_lease_dead {
             let conn = base.guarded("claim", lease).await?;
             let dead = crate::pg::relay::handover::lease_dead_letters(conn).await;
@@ -88,10 +90,7 @@ impl StreamStore {
         // after the bound is not held back until the next idle advance. Each round moves
         // every such position past at least one row.
         for _ in 0..8 {
-            if let Some(batch) = self
-                .claim_round(base, relay, limit, lease, dead_letters_block)
-                .await?
-            {
+            if let Some(batch) = self.claim_round(base, ask).await? {
                 return Ok(batch);
             }
         }
@@ -107,11 +106,14 @@ impl StreamStore {
     pub(super) async fn claim_round(
         &mut self,
         base: &mut Base<PgConnector>,
-        relay: &str,
-        limit: usize,
-        lease: Duration,
-        dead_letters_block: bool,
+        ask: Ask<'_>,
     ) -> Result<Option<Vec<OutboxMessage>>, StoreError> {
+        let Ask {
+            relay,
+            limit,
+            lease,
+            ..
+        } = ask;
         let now = Instant::now();
         self.holds.retain(|_, until| *until > now);
         let kept = self
@@ -124,10 +126,7 @@ impl StreamStore {
                 // Whole batches: a short one tells the engine the outbox is drained.
                 let batches = self.read_ahead.div_ceil(limit.max(1)).max(1);
                 let read = limit.saturating_mul(batches);
-                match self
-                    .read_delta(base, relay, read, limit, lease, dead_letters_block, None)
-                    .await?
-                {
+                match self.read_delta(base, ask, read, None).await? {
                     Some(read) => read,
                     None => return Ok(Some(Vec::new())),
                 }
@@ -188,20 +187,19 @@ impl StreamStore {
     /// relay holds no shard it may claim. The positions are the table's, but those `given`
     /// (with the snapshot being consumed, if any), which are where the batch in flight will
     /// leave them; without `given`, the batch settled last is written first.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the claim's four settings, the store's connection and the read's own three"
-    )]
     pub(super) async fn read_delta(
         &mut self,
         base: &mut Base<PgConnector>,
-        relay: &str,
+        ask: Ask<'_>,
         read: usize,
-        limit: usize,
-        lease: Duration,
-        dead_letters_block: bool,
         given: Option<&[(PositionRow, Option<String>)]>,
     ) -> Result<Option<(Ahead, bool)>, StoreError> {
+        let Ask {
+            relay,
+            limit,
+            lease,
+            dead_letters_block,
+        } = ask;
         if given.is_none() {
             self.flush_owed(base, relay).await?;
             self.malformed.clear();

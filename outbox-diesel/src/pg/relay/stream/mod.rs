@@ -149,6 +149,30 @@ impl Outcome {
 /// ([`PgRelayStore::stream_read_ahead`](super::PgRelayStore::stream_read_ahead)).
 pub const READ_AHEAD: usize = 3_000;
 
+/// What a stream claim is asked for (from the relay's `Claim`): for whom, how many rows, the
+/// lease its positions are fenced by, and whether dead letters hold their aggregates back.
+#[derive(Clone, Copy)]
+pub(in crate::pg::relay) struct Ask<'a> {
+    pub(in crate::pg::relay) relay: &'a str,
+    pub(in crate::pg::relay) limit: usize,
+    pub(in crate::pg::relay) lease: Duration,
+    pub(in crate::pg::relay) dead_letters_block: bool,
+}
+
+impl<'a> Ask<'a> {
+    pub(in crate::pg::relay) fn of(
+        claim: &outbox_core::relay::Claim<'a>,
+        dead_letters_block: bool,
+    ) -> Self {
+        Ask {
+            relay: claim.relay,
+            limit: claim.limit,
+            lease: claim.lease,
+            dead_letters_block,
+        }
+    }
+}
+
 /// Stream mode's store: its claims, settles and positions (see the module's notes), on the
 /// connection of the [`PgRelayStore`](super::PgRelayStore) it serves. What it keeps is in
 /// memory; the database holds only the positions.

@@ -6,10 +6,9 @@ use diesel::sql_types::{Array, BigInt, Integer, Nullable, SmallInt, Text};
 use diesel_async::RunQueryDsl;
 use outbox_core::relay::{ShardAssignment, StoreError};
 
-use super::Outcome;
-use super::StreamStore;
 use super::pending::{Advance, DeadRows, Pending, advanced, assumed_positions, clean};
 use super::sql::{ADVANCE, PositionRow, SETTLE_RELEASE};
+use super::{Ask, Outcome, StreamStore};
 use crate::pg::relay::PgConnector;
 use crate::relay::base::Base;
 use crate::relay::common::{CountRow, Prepared};
@@ -241,11 +240,9 @@ impl StreamStore {
     pub(in crate::pg::relay) async fn overlap(
         &mut self,
         base: &mut Base<PgConnector>,
-        relay: &str,
-        limit: usize,
-        lease: Duration,
-        dead_letters_block: bool,
+        ask: Ask<'_>,
     ) {
+        let Ask { relay, limit, .. } = ask;
         if let Err(e) = self.flush_owed(base, relay).await {
             tracing::debug!(error = %e, "stream positions not written beside the publish");
             return;
@@ -259,18 +256,7 @@ impl StreamStore {
         let given = assumed_positions(p);
         let batches = self.read_ahead.div_ceil(limit.max(1)).max(1);
         let read = limit.saturating_mul(batches);
-        match self
-            .read_delta(
-                base,
-                relay,
-                read,
-                limit,
-                lease,
-                dead_letters_block,
-                Some(&given),
-            )
-            .await
-        {
+        match self.read_delta(base, ask, read, Some(&given)).await {
             Ok(Some((mut ahead, _))) if ahead.rows.len() >= limit => {
                 ahead.assumes = true;
                 self.ahead = Some(ahead);
