@@ -8,7 +8,6 @@
 //! "exactly once" from the relay is the pitfall; "exactly once in effect" is what consumers
 //! build on at-least-once delivery.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

@@ -6,7 +6,6 @@
 //! `pg_logical_slot_get_changes` (test_decoding), shows the committed one; the open one
 //! appears only once it commits; the rolled-back one never appears.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::sync::mpsc::channel;

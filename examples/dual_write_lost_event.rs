@@ -6,7 +6,6 @@
 //! transaction; the same crash leaves the event in the outbox, and the relay started after the
 //! restart publishes it.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::time::Duration;

@@ -5,7 +5,6 @@
 //! `COMMIT`), and the rest of the system now acts on an order that does not exist. The outbox
 //! way publishes into the same transaction, so the failure rolls the event back with the order.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

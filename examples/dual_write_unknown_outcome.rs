@@ -7,7 +7,6 @@
 //! written to the outbox: both copies carry the same id and an `#[idempotent]` consumer
 //! applies it once.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::collections::HashSet;

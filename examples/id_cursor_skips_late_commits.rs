@@ -6,7 +6,6 @@
 //! relay does not use a cursor: it claims rows that are unpublished (`published_at IS NULL`),
 //! whatever their position, so A's late commit is published like any other.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

@@ -7,7 +7,6 @@
 //! transaction on one database, so the same crash rolls both back and the redelivery applies
 //! the event exactly once.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use common::{OrderPlaced, SqliteDb, expect};

@@ -7,7 +7,6 @@
 //! order id, charges once. The price of a business key: a genuinely new event with the same
 //! key is dropped too, so the key must name what has to happen once.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use common::{OrderPlaced, SqliteDb, expect};

@@ -13,7 +13,6 @@
 //! order; a consumer deduplicating by event id sees every event once, each order in order.
 //! A's id can neither take the leadership back nor mark the rows it lost.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::collections::{BTreeMap, HashSet};

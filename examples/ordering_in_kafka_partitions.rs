@@ -7,7 +7,6 @@
 //! relay publishes with the aggregate id as the key (and in `Sharded` mode, in outbox order
 //! per aggregate): each order lands in exactly one partition, its steps in order.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -8,7 +8,6 @@
 //! not held up at all. On Kafka the key (the aggregate id) picks the partition, and a
 //! partition keeps the order the relay published in.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

@@ -7,7 +7,6 @@
 //! 3. With a claim check, the body goes to a table in the same transaction and the event
 //!    carries a reference of about a hundred bytes; the consumer fetches and verifies the body.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

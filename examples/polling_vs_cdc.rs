@@ -8,7 +8,6 @@
 //! replication slot that retains WAL while its reader is down (replication_slot_retains_wal),
 //! a connector to run and replication privileges; the relay needs none of these.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::io::BufRead;

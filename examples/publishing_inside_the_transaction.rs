@@ -8,7 +8,6 @@
 //! With the outbox the transaction only writes a row: every request commits in milliseconds
 //! while the broker is down, and the relay delivers once it is back.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

@@ -7,7 +7,6 @@
 //! relays take turns, as slow as one. With `FOR UPDATE SKIP LOCKED` the second takes the next rows at
 //! once. Finally two real relays (`SKIP LOCKED`, leases) share 1,000 events with no duplicate.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::collections::HashSet;

@@ -9,7 +9,6 @@
 //! Guard rails: alert on the retained bytes, and cap them with `max_slot_wal_keep_size`
 //! (the slot is then invalidated instead of filling the disk). A polling relay has no slot.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use common::{OrderPlaced, PrivatePg, expect};

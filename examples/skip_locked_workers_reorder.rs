@@ -9,7 +9,6 @@
 //! steps arrive as 1, 2, 3, 4, because an aggregate's shard belongs to one relay at a time
 //! and its later events wait until the earlier ones are settled.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::collections::{BTreeMap, HashSet};

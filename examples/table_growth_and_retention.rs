@@ -8,7 +8,6 @@
 //! recycled a VACUUM later). At high volume, partition the table by time and drop whole
 //! partitions instead: no delete, no dead rows.
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! Shared by the teaching examples (included with `#[path = "common/mod.rs"] mod common;`):
+//! Shared by the teaching examples (each declares `mod common;`, found here beside it):
 //! throwaway databases, a relay run until a condition holds, and `expect`, which ends the
 //! example with a non-zero exit when its demonstration does not demonstrate.
 #![allow(dead_code)]
