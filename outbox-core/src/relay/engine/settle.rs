@@ -234,10 +234,12 @@ impl Tally {
         tally
     }
 
-    /// Logs each failure: an error for a dead letter, a warning for a retry.
+    /// Logs each failure: an error for a dead letter, a warning for a retry. The failures are
+    /// in batch order, so one walk of the batch pairs them with their messages.
     fn log(&self, batch: &[OutboxMessage]) {
-        for failure in &self.failures {
-            let Some(message) = batch.iter().find(|m| m.seq == failure.seq) else {
+        let mut failures = self.failures.iter().peekable();
+        for message in batch {
+            let Some(failure) = failures.next_if(|f| f.seq == message.seq) else {
                 continue;
             };
             let attempts = message.attempts.max(1);
