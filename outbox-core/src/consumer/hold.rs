@@ -130,8 +130,8 @@ impl<T: Transport> Runtime<T> {
 
     /// Acknowledges a message that is done (Kafka: stores the offset after it for the next
     /// commit).
-    pub(super) fn acknowledge(&self, message: &T::Message) {
-        match self.transport.acknowledge(message) {
+    pub(super) async fn acknowledge(&self, message: &T::Message) {
+        match self.transport.acknowledge(message).await {
             Ok(()) => ConsumerStats::add(&self.stats.done, "outbox_consumer_done_total"),
             // The partition was revoked meanwhile: its new owner reads the message again and
             // the inbox recognises it.

@@ -16,8 +16,12 @@
 //! re-exports all of them under their old paths.
 
 // The runtime runs only under an adapter: with none enabled it is built but unused.
-#![cfg_attr(not(feature = "kafka"), allow(dead_code, unused_imports))]
+#![cfg_attr(
+    not(any(feature = "kafka", feature = "nats", feature = "rabbitmq")),
+    allow(dead_code, unused_imports)
+)]
 
+mod builder_methods;
 mod dead_letter;
 mod dispatch;
 mod hold;
@@ -42,6 +46,7 @@ pub use policy::{
 pub use stats::ConsumerStats;
 
 // The seam: crate-private until a second adapter has proved its shape.
+pub(crate) use builder_methods::policy_methods;
 pub(crate) use dead_letter::{DeadLetter, Unwritten};
 pub(crate) use options::Options;
 pub(crate) use received::Received;

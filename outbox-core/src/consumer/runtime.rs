@@ -152,7 +152,7 @@ impl<T: Transport> Runtime<T> {
                 metrics::gauge!("outbox_consumer_waiting_for_upgrade").set(0.0);
             }
             if let Done::Yes = done {
-                self.acknowledge(&message);
+                self.acknowledge(&message).await;
             }
             self.transport.resume();
             if let Done::Stopped = done {

@@ -63,7 +63,10 @@ pub(crate) trait Transport: Send + 'static {
     fn resume(&mut self);
 
     /// The message is done: it must not be delivered to this consumer again.
-    fn acknowledge(&self, message: &Self::Message) -> Result<(), Self::Error>;
+    fn acknowledge(
+        &self,
+        message: &Self::Message,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Writes `letter`; `Ok` with where it went once the broker confirmed it.
     fn dead_letter(

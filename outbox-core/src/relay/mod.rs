@@ -13,6 +13,7 @@ mod config;
 mod engine;
 mod headers;
 mod health;
+mod key_order;
 pub mod limits;
 mod memory;
 mod metrics;
@@ -29,9 +30,10 @@ pub use config::{
 };
 pub use engine::Relay;
 pub use headers::message_headers;
-#[cfg(feature = "kafka")]
+#[cfg(any(feature = "kafka", feature = "nats", feature = "rabbitmq"))]
 pub(crate) use headers::wire_headers;
 pub use health::{RelayHealth, RelayState};
+pub use key_order::publish_in_key_order;
 pub use memory::{MemoryBroker, MemoryRow, MemoryStore, Record, test_message};
 pub use metrics::{METRICS, describe_metrics};
 pub use publisher::{Delivery, NotReady, OutboxMessage, Publisher};

@@ -153,7 +153,7 @@ impl Transport for KafkaTransport {
     ///
     /// Through `rd_kafka_offsets_store`, which stores exactly the offset it is given; the
     /// older `rd_kafka_offset_store` (rdkafka's `store_offset`) adds one itself.
-    fn acknowledge(&self, message: &OwnedMessage) -> Result<(), KafkaError> {
+    async fn acknowledge(&self, message: &OwnedMessage) -> Result<(), KafkaError> {
         let mut next = TopicPartitionList::with_capacity(1);
         next.add_partition_offset(
             message.topic(),

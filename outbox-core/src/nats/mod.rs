@@ -1,0 +1,1 @@
+//! NATS JetStream: the relay's publisher and the consumer runtime's transport.

@@ -1,0 +1,1 @@
+//! RabbitMQ: the relay's publisher and the consumer runtime's transport.
