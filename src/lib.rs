@@ -152,11 +152,21 @@ pub mod fault {
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use outbox_core::kafka;
 
-/// The broker-free consumer runtime under [`kafka::KafkaConsumer`] (feature `kafka`): its
-/// policies, default backoffs, dead-letter headers and [`ConsumerStats`](consumer::ConsumerStats),
-/// which [`kafka`] re-exports too.
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+/// NATS JetStream (feature `nats`): the relay's [`NatsPublisher`](nats::NatsPublisher) and the
+/// consumers' [`NatsConsumer`](nats::NatsConsumer), the same runtime over durable pull
+/// consumers.
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use outbox_core::nats;
+
+/// The broker-free consumer runtime under every broker's consumer (features `kafka`, `nats`,
+/// `rabbitmq`): its policies, default backoffs, dead-letter headers and
+/// [`ConsumerStats`](consumer::ConsumerStats), which each broker's module re-exports too.
+#[cfg(any(feature = "kafka", feature = "nats", feature = "rabbitmq"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "kafka", feature = "nats", feature = "rabbitmq")))
+)]
 pub use outbox_core::consumer;
 
 /// OpenTelemetry trace propagation (feature `opentelemetry`): `publish` writes the current

@@ -8,8 +8,8 @@ use futures_util::stream::FuturesUnordered;
 
 use super::publisher::{Delivery, OutboxMessage};
 
-/// Publishes `batch` through `send` (one message, awaited until the broker acknowledged or
-/// refused it) one message at a time per [`ordering_key`](OutboxMessage::ordering_key) and
+/// Publishes `batch` through `send` (one message and its index in the batch, awaited until
+/// the broker acknowledged or refused it) one message at a time per [`ordering_key`](OutboxMessage::ordering_key) and
 /// concurrently across keys, and returns one [`Delivery`] per message, in batch order.
 ///
 /// A key's next message is sent only once the one before it was
@@ -35,7 +35,7 @@ use super::publisher::{Delivery, OutboxMessage};
 /// # async fn main() {
 /// // Order 7's first event times out, so its second is not sent; order 8's goes on.
 /// let batch = vec![message(1, "7"), message(2, "7"), message(3, "8")];
-/// let outcomes = publish_in_key_order(&batch, |msg| async move {
+/// let outcomes = publish_in_key_order(&batch, |_, msg| async move {
 ///     if msg.seq == 1 { Delivery::Unavailable("timed out".into()) } else { Delivery::Published }
 /// })
 /// .await;
@@ -50,7 +50,7 @@ pub async fn publish_in_key_order<'a, F, Fut>(
     mut send: F,
 ) -> Vec<Delivery>
 where
-    F: FnMut(&'a OutboxMessage) -> Fut,
+    F: FnMut(usize, &'a OutboxMessage) -> Fut,
     Fut: Future<Output = Delivery> + 'a,
 {
     // `next[i]`: the index of the message after `i` with the same key (`None` for the last).
@@ -66,7 +66,7 @@ where
     let tagged = |i: usize, sent: Fut| async move { (i, sent.await) };
     let mut in_flight: FuturesUnordered<_> = heads
         .into_iter()
-        .map(|i| tagged(i, send(&batch[i])))
+        .map(|i| tagged(i, send(i, &batch[i])))
         .collect();
     let mut outcomes: Vec<Option<Delivery>> = vec![None; batch.len()];
     while let Some((i, delivery)) = in_flight.next().await {
@@ -74,7 +74,7 @@ where
         outcomes[i] = Some(delivery);
         if published {
             if let Some(j) = next[i] {
-                in_flight.push(tagged(j, send(&batch[j])));
+                in_flight.push(tagged(j, send(j, &batch[j])));
             }
         } else {
             let mut later = next[i];
@@ -122,7 +122,7 @@ mod tests {
             test_message(4, "b"),
         ];
         let log = Mutex::new(Vec::new());
-        let outcomes = publish_in_key_order(&batch, |msg| {
+        let outcomes = publish_in_key_order(&batch, |_, msg| {
             let log = &log;
             async move {
                 log.lock().unwrap().push(("start", msg.seq));
@@ -152,7 +152,7 @@ mod tests {
             test_message(5, "b"),
         ];
         let sent = Mutex::new(Vec::new());
-        let outcomes = publish_in_key_order(&batch, |msg| {
+        let outcomes = publish_in_key_order(&batch, |_, msg| {
             sent.lock().unwrap().push(msg.seq);
             async move {
                 match msg.seq {

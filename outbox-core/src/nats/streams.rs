@@ -1,0 +1,86 @@
+//! The connection both sides open, and the streams they need: found by subject, or created.
+
+use std::time::Duration;
+
+use async_nats::jetstream::Context;
+use async_nats::jetstream::context::GetStreamByNameErrorKind;
+use async_nats::jetstream::stream;
+
+use super::error::NatsConfigError;
+use super::subject::{stream_name, wildcard};
+
+/// Connects to `servers` (comma-separated URLs) in the background: the client retries the
+/// first connection and every later one for as long as it lives, so that a server down at
+/// start-up is an outage like any other. Only a malformed address fails here.
+pub(crate) async fn connect(
+    servers: &str,
+    name: &str,
+    api_timeout: Duration,
+) -> Result<async_nats::Client, NatsConfigError> {
+    let addresses = servers
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<async_nats::ServerAddr>()
+                .map_err(|e| NatsConfigError::InvalidOption {
+                    option: "servers".into(),
+                    // The parser's message quotes no part of the address (it may hold a
+                    // password): the address is shown redacted.
+                    reason: format!("`{}` is not a NATS server address: {e}", redacted(s)),
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if addresses.is_empty() {
+        return Err(NatsConfigError::InvalidOption {
+            option: "servers".into(),
+            reason: "no server: give at least one, e.g. `nats://127.0.0.1:4222`".into(),
+        });
+    }
+    async_nats::ConnectOptions::new()
+        .name(name)
+        .retry_on_initial_connect()
+        .request_timeout(Some(api_timeout))
+        .connect(addresses)
+        .await
+        .map_err(|e| NatsConfigError::InvalidOption {
+            option: "servers".into(),
+            reason: format!("cannot connect: {}", e.kind()),
+        })
+}
+
+/// `servers` with any password replaced by `***`.
+pub(crate) fn redacted(servers: &str) -> String {
+    servers
+        .split(',')
+        .map(|s| crate::redact::url(s.trim()).into_owned())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The stream that holds `topic`'s subjects (`<topic>.>`): the one that captures them, else a
+/// new file-backed stream named [`stream_name`]`(topic)` with JetStream's defaults (among them
+/// a duplicate window of 2 minutes). `Err` says why, for an outage message.
+pub(crate) async fn ensure(jetstream: &Context, topic: &str) -> Result<String, String> {
+    let subjects = wildcard(topic);
+    match jetstream.stream_by_subject(subjects.clone()).await {
+        Ok(name) => return Ok(name),
+        Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => {}
+        Err(e) => return Err(format!("looking up the stream of `{subjects}` failed: {e}")),
+    }
+    let config = stream::Config {
+        name: stream_name(topic),
+        subjects: vec![subjects.clone()],
+        ..Default::default()
+    };
+    match jetstream.get_or_create_stream(config).await {
+        Ok(stream) => {
+            tracing::info!(stream = %stream.cached_info().config.name, subjects, "created a JetStream stream");
+            Ok(stream.cached_info().config.name.clone())
+        }
+        Err(e) => Err(format!(
+            "creating the stream `{}` for `{subjects}` failed: {e}",
+            stream_name(topic)
+        )),
+    }
+}
