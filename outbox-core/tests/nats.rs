@@ -197,6 +197,8 @@ fn n(counter: &std::sync::atomic::AtomicU64) -> u64 {
 async fn messages_carry_subject_headers_and_id_and_repeats_are_dropped() {
     let topic = Topic::new("wire").await;
     let publisher = publisher().await;
+    publisher.ready(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(publisher.unavailable(), None);
     let batch = [
         placed(&topic.name, "42", 0),
         placed(&topic.name, "eu.west 7", 1),

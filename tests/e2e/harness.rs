@@ -91,8 +91,14 @@ impl RelayProcess {
         let id = format!("{label}-{}-{n}", std::process::id());
         let log = std::env::temp_dir().join(format!("outbox-e2e-{id}.log"));
         let file = std::fs::File::create(&log).unwrap();
+        // A URL names its broker (`nats://…`); Kafka's bootstrap servers go to `--brokers`.
+        let flag = if brokers.contains("://") {
+            "--broker"
+        } else {
+            "--brokers"
+        };
         let child = Command::new(bin)
-            .args(["relay", "--database-url", db_url, "--brokers", brokers])
+            .args(["relay", "--database-url", db_url, flag, brokers])
             .args(["--mode", mode, "--topic-prefix", prefix, "--relay-id", &id])
             .args(args)
             .env("RUST_LOG", "info,librdkafka=error,rdkafka::client=off")

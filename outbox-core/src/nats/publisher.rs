@@ -232,10 +232,11 @@ impl Publisher for NatsPublisher {
         }
     }
 
-    /// Asks JetStream for the account's information within `timeout`: `Ok` once the server
-    /// answered, with JetStream enabled.
+    /// Asks JetStream's API for its information within `timeout`: `Ok` once it answered
+    /// (a server without JetStream has no responder for it).
     async fn ready(&self, timeout: Duration) -> Result<(), NotReady> {
-        match tokio::time::timeout(timeout, self.jetstream.query_account()).await {
+        let asked = self.client.request("$JS.API.INFO", Vec::new().into());
+        match tokio::time::timeout(timeout, asked).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(NotReady::new(format!(
                 "JetStream at {} did not answer: {e}",

@@ -40,12 +40,6 @@ fn in_range(flag_env: &str, value: u64, min: u64, max: u64, unit: &str) -> Resul
 /// Checks every number and string of `outbox relay` against its range, and the ones that
 /// depend on each other.
 pub(crate) fn check_relay_args(args: &RelayArgs) -> Result<(), Fatal> {
-    if args.brokers.trim().is_empty() {
-        return Err(Fatal(
-            "--brokers / KAFKA_BROKERS is empty: give the Kafka bootstrap servers, host:port[,host:port…]"
-                .into(),
-        ));
-    }
     let (min, max) = (limits::BATCH_SIZE.min as u64, limits::BATCH_SIZE.max as u64);
     in_range(
         "--batch-size / OUTBOX_BATCH_SIZE",

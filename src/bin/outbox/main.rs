@@ -15,6 +15,7 @@
 //! path is SQLite, and a libpq keyword string (`host=… dbname=…`) is refused. No password is
 //! ever printed: every URL in a message or log line goes through [`outbox::redact::url`].
 
+mod brokers;
 mod inputs;
 mod ops;
 mod serve;
@@ -22,9 +23,9 @@ mod serve;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use brokers::Broker;
 use clap::{Parser, Subcommand};
 use diesel_async::AsyncConnection;
-use outbox::kafka::KafkaPublisher;
 use outbox::relay::{
     Completion, DeadLetterPolicy, Mode, MysqlRelayStore, PgRelayStore, Publisher, Relay,
     RelayConfig, RelayStore, Retention, SqliteRelayStore,
@@ -84,9 +85,15 @@ struct RelayArgs {
     /// The database: postgres://…, mysql://… or an SQLite file path.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
-    /// Kafka bootstrap servers, `host:port[,host:port…]`.
+    /// The broker, as a URL whose scheme names it: `kafka://host:9092[,host:9092…]`,
+    /// `nats://host:4222` (or `tls://`; NATS JetStream), `amqp://user:password@host:5672/vhost`
+    /// (or `amqps://`; RabbitMQ). Keep a password in OUTBOX_BROKER, not on the command line.
+    #[arg(long, env = "OUTBOX_BROKER", hide_env_values = true)]
+    broker: Option<String>,
+    /// Kafka bootstrap servers, `host:port[,host:port…]` (the same as
+    /// `--broker kafka://host:port`).
     #[arg(long, env = "KAFKA_BROKERS")]
-    brokers: String,
+    brokers: Option<String>,
     /// How relays share the work: `sharded` (per-aggregate order, the default), `leader`
     /// (one active relay, ordered), `unordered` (no order, opt-out) or `stream` (PostgreSQL
     /// only: ordered, reads by snapshots and never updates event rows).
@@ -110,7 +117,8 @@ struct RelayArgs {
     /// moves on after this.
     #[arg(long, env = "OUTBOX_LEASE_MS", default_value_t = 30_000)]
     lease: u64,
-    /// Kafka's `message.timeout.ms`: how long one message may take to be acknowledged.
+    /// How long one message may take to be acknowledged: Kafka's `message.timeout.ms`,
+    /// JetStream's publish acknowledgement, RabbitMQ's publisher confirm.
     #[arg(long, env = "OUTBOX_MESSAGE_TIMEOUT_MS", default_value_t = 10_000)]
     message_timeout: u64,
     /// Attempts before an event is dead-lettered.
@@ -137,7 +145,7 @@ struct RelayArgs {
     /// can detect it.
     #[arg(long, env = "OUTBOX_RELAY_ID")]
     relay_id: Option<String>,
-    /// Prefix for every topic, e.g. `prod.`.
+    /// Prefix for every topic (NATS: every subject; RabbitMQ: every exchange), e.g. `prod.`.
     #[arg(long, env = "OUTBOX_TOPIC_PREFIX")]
     topic_prefix: Option<String>,
     /// Extra librdkafka producer settings, `key=value`, repeatable. They also come from
@@ -373,37 +381,59 @@ async fn check_migrated_on(url: &str, pooled: bool) -> Result<(), Fatal> {
 
 async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     let (backend, url) = backend_of(&args.database_url)?;
+    let broker = Broker::of(&args)?;
     inputs::check_relay_args(&args)?;
+    broker.check_flags(&args)?;
+    match &broker {
+        Broker::Kafka(brokers) => {
+            let (publisher, probe) = brokers::kafka(&args, brokers)?;
+            let publish_timeout = publisher.publish_timeout();
+            let probe = move || probe.build().map_err(|e| Fatal(e.to_string()));
+            relay_to(
+                args,
+                backend,
+                url,
+                &broker,
+                publisher,
+                probe,
+                publish_timeout,
+            )
+            .await
+        }
+        Broker::Nats(servers) => {
+            let publisher = std::sync::Arc::new(brokers::nats(&args, servers).await?);
+            let publish_timeout = publisher.publish_timeout();
+            let probe = publisher.clone();
+            relay_to(
+                args,
+                backend,
+                url,
+                &broker,
+                publisher,
+                move || Ok(probe),
+                publish_timeout,
+            )
+            .await
+        }
+        Broker::RabbitMq(_) => Err(Fatal("RabbitMQ is not built into this binary yet".into())),
+    }
+}
+
+/// The relay to `broker` through `publisher`, whose publishes take at most
+/// `publish_timeout`; `probe` makes the `/readyz` probe's publisher.
+async fn relay_to<P: Publisher>(
+    args: RelayArgs,
+    backend: Backend,
+    url: String,
+    broker: &Broker,
+    publisher: P,
+    probe: impl FnOnce() -> Result<P, Fatal>,
+    publish_timeout: Duration,
+) -> Result<(), Fatal> {
     let retention_keep = match args.retention_hours {
         Some(h) => Some(Duration::from_secs(inputs::retention_secs(h)?)),
         None => None,
     };
-    let mut builder = KafkaPublisher::builder()
-        .brokers(args.brokers.clone())
-        .message_timeout(Duration::from_millis(args.message_timeout));
-    if let Some(prefix) = &args.topic_prefix {
-        builder = builder.topic_prefix(prefix.clone());
-    }
-    let env_config = std::env::var("OUTBOX_KAFKA_CONFIG").ok();
-    for (key, value) in inputs::kafka_settings(
-        args.kafka_config_file.as_deref(),
-        env_config.as_deref(),
-        &args.kafka_config,
-    )? {
-        builder = builder.set(key, value);
-    }
-    let probe_builder = builder.clone();
-    let publisher = builder.build().map_err(|e| match e {
-        // Only reachable through `--kafka-config bootstrap.servers=`: name the flags.
-        outbox::kafka::KafkaConfigError::MissingBrokers => Fatal(
-            "no Kafka brokers: --brokers / KAFKA_BROKERS is overridden by an empty --kafka-config bootstrap.servers"
-                .into(),
-        ),
-        e => Fatal(format!(
-            "{e} (check --kafka-config, OUTBOX_KAFKA_CONFIG and --kafka-config-file)"
-        )),
-    })?;
-    let publish_timeout = publisher.publish_timeout();
     let lease = Duration::from_millis(args.lease);
     if publish_timeout >= lease {
         return Err(Fatal(format!(
@@ -417,7 +447,7 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     publisher
         .ready(Duration::from_secs(10))
         .await
-        .map_err(|e| Fatal(format!("{e} (check --brokers / KAFKA_BROKERS)")))?;
+        .map_err(|e| Fatal(format!("{e} (check {})", broker.flags(&args))))?;
 
     let mut config = RelayConfig {
         mode: args.mode,
@@ -456,13 +486,10 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
     config.validate()?;
     tracing::info!(
         relay = %config.relay_id, mode = ?config.mode, database = %describe(&url),
-        brokers = %args.brokers, "starting relay"
+        broker = %broker.describe(), "starting relay"
     );
     let serve = match args.metrics_addr {
-        Some(addr) => {
-            let probe = probe_builder.build().map_err(|e| Fatal(e.to_string()))?;
-            Some((addr, probe, backend, url.clone()))
-        }
+        Some(addr) => Some((addr, probe()?, backend, url.clone())),
         None => None,
     };
     if config.mode == Mode::Stream && !matches!(backend, Backend::Postgres) {

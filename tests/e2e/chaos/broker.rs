@@ -3,12 +3,13 @@
 //! refused) and once as a black hole (a network partition: connections stay open, nothing
 //! moves, new connections are accepted and go nowhere). The relays run with
 //! `--max-attempts 2`: an outage is not the events' fault, so it must cost no attempt and
-//! dead-letter nothing.
+//! dead-letter nothing. Run against Kafka (a private tansu) and NATS JetStream.
 
 use std::time::{Duration, Instant};
 
+use super::brokers::{ChaosBroker, Kind, forget};
 use super::proxy::Mode;
-use super::services::{PrivateBroker, relay, status};
+use super::services::{relay, status};
 use super::tally::{count_up, dead, outbox_rows, pending, published, wait_settled};
 use super::writers::{WriterSpec, Writers};
 use super::{Area, Row, size};
@@ -17,27 +18,49 @@ use crate::support::TestDatabase;
 
 #[test]
 fn chaos_broker_outage_refused() {
-    broker_outage(Mode::Refuse);
+    broker_outage(Kind::Kafka, Mode::Refuse);
 }
 
 #[test]
 fn chaos_broker_outage_black_hole() {
-    broker_outage(Mode::BlackHole);
+    broker_outage(Kind::Kafka, Mode::BlackHole);
 }
 
-fn broker_outage(mode: Mode) {
+#[test]
+fn chaos_nats_outage_refused() {
+    broker_outage(Kind::Nats, Mode::Refuse);
+}
+
+#[test]
+fn chaos_nats_outage_black_hole() {
+    broker_outage(Kind::Nats, Mode::BlackHole);
+}
+
+fn broker_outage(kind: Kind, mode: Mode) {
     let started = Instant::now();
-    let (name, title) = match mode {
-        Mode::Refuse => (
-            "broker_outage_refused",
-            "Broker outage: refused connections",
+    // Kafka's rows keep their names from before there were other brokers.
+    let (name, title) = match (kind, mode) {
+        (Kind::Kafka, Mode::Refuse) => (
+            "broker_outage_refused".to_owned(),
+            "Broker outage: refused connections".to_owned(),
         ),
-        _ => ("broker_outage_black_hole", "Broker outage: black hole"),
+        (Kind::Kafka, _) => (
+            "broker_outage_black_hole".to_owned(),
+            "Broker outage: black hole".to_owned(),
+        ),
+        (kind, Mode::Refuse) => (
+            format!("{}_outage_refused", kind.name()),
+            format!("{} outage: refused connections", kind.title()),
+        ),
+        (kind, _) => (
+            format!("{}_outage_black_hole", kind.name()),
+            format!("{} outage: black hole", kind.title()),
+        ),
     };
-    let mut row = Row::new(name, title, Area::Relay);
+    let mut row = Row::new(&name, &title, Area::Relay);
     let outage = Duration::from_secs(size(20, 60));
     let before = Duration::from_secs(size(5, 10));
-    let broker = PrivateBroker::start();
+    let broker = ChaosBroker::start(kind);
     let db = TestDatabase::postgres("chaos_broker");
     let prefix = unique_prefix("outage");
     let rate = 200.0;
@@ -90,6 +113,7 @@ fn broker_outage(mode: Mode) {
         wait_settled(&db.url, Duration::from_secs(size(90, 180))).map(|_| restored.elapsed());
     let rows = outbox_rows(&db.url);
     let records = super::reader::read_published(&broker.address(), &prefix, &rows);
+    forget(&broker.address(), &format!("{prefix}order-lifecycle"));
     let publish_failures: usize = relays
         .iter()
         .map(|r| r.log_text().matches("publish failed").count())
@@ -106,7 +130,10 @@ fn broker_outage(mode: Mode) {
         |d: Option<Duration>| d.map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
     row.figure(
         "relays",
-        "2 sharded, `--max-attempts 2`, relay defaults otherwise",
+        format!(
+            "2 sharded to {}, `--max-attempts 2`, relay defaults otherwise",
+            kind.title()
+        ),
     );
     row.figure(
         "outage",

@@ -17,6 +17,7 @@
 //! measured, reported and asserted (timing targets in the full form only).
 
 mod broker;
+pub mod brokers;
 mod consumer_db;
 mod database;
 pub mod proxy;

@@ -72,8 +72,22 @@ pub fn read_count(brokers: &str, topic: &str, n: usize, deadline: Duration) -> V
 }
 
 /// Reads until `done` says so (called on each record) or `deadline`; `wait` false: nothing is
-/// expected, read for the half second only.
+/// expected, read for the half second only. `brokers` is Kafka's bootstrap servers, or a
+/// `nats://` or `amqp://` URL ([`super::brokers`] reads those).
 fn read_until(
+    brokers: &str,
+    topic: &str,
+    deadline: Duration,
+    wait: bool,
+    done: impl FnMut(&Record) -> bool,
+) -> Vec<Record> {
+    if brokers.contains("://") {
+        return super::brokers::read_until(brokers, topic, deadline, wait, done);
+    }
+    read_kafka(brokers, topic, deadline, wait, done)
+}
+
+fn read_kafka(
     brokers: &str,
     topic: &str,
     deadline: Duration,

@@ -6,11 +6,12 @@
 
 use std::time::{Duration, Instant};
 
+use super::brokers::{Kind, forget};
 use super::services::relay_in_mode;
 use super::tally::{commit_to_publish, count_up, outbox_rows, wait_settled};
 use super::writers::{WriterSpec, Writers};
 use super::{Area, Row, quantile, secs, size};
-use crate::harness::{RelayProcess, noida, unique_prefix};
+use crate::harness::{RelayProcess, unique_prefix};
 use crate::support::TestDatabase;
 
 /// What a storm measured, beside the tally in its row.
@@ -28,6 +29,7 @@ struct Storm {
 /// row gets its tally and figures.
 fn storm(
     row: &mut Row,
+    kind: Kind,
     mode: &str,
     relays: usize,
     schedule: &str,
@@ -35,7 +37,7 @@ fn storm(
 ) -> Storm {
     let db = TestDatabase::postgres(&format!("chaos_storm_{mode}"));
     let prefix = unique_prefix("storm");
-    let brokers = noida();
+    let brokers = kind.shared();
     let events: u64 = size(5_000, 100_000);
     let rate = size(500.0, 2_000.0);
     let spec = WriterSpec {
@@ -80,6 +82,7 @@ fn storm(
     } else {
         super::reader::read_published(&brokers, &prefix, &rows)
     };
+    forget(&brokers, &format!("{prefix}order-lifecycle"));
     for r in &mut running {
         r.terminate();
     }
@@ -93,7 +96,10 @@ fn storm(
     row.recover_means = "from the last write to the backlog drained".into();
     row.figure(
         "relays",
-        format!("{relays} {mode}, relay defaults (lease 30 s)"),
+        format!(
+            "{relays} {mode} to {}, relay defaults (lease 30 s)",
+            kind.title()
+        ),
     );
     row.figure(&format!("kills (SIGKILL, {schedule})"), kills);
     row.figure(
@@ -124,14 +130,30 @@ fn storm(
 
 #[test]
 fn chaos_relay_sigkill_storm() {
+    sharded_storm(Kind::Kafka);
+}
+
+#[test]
+fn chaos_nats_relay_sigkill_storm() {
+    sharded_storm(Kind::Nats);
+}
+
+fn sharded_storm(kind: Kind) {
     let started = Instant::now();
-    let mut row = Row::new(
-        "relay_sigkill_storm",
-        "Relay SIGKILL storm while writers run",
-        Area::Relay,
-    );
+    // Kafka's row keeps its name from before there were other brokers.
+    let (name, title) = match kind {
+        Kind::Kafka => (
+            "relay_sigkill_storm".to_owned(),
+            "Relay SIGKILL storm while writers run".to_owned(),
+        ),
+        kind => (
+            format!("{}_relay_sigkill_storm", kind.name()),
+            format!("Relay SIGKILL storm while writers run, to {}", kind.title()),
+        ),
+    };
+    let mut row = Row::new(&name, &title, Area::Relay);
     // Three sharded relays, one killed every 2 s in turn.
-    let s = storm(&mut row, "sharded", 3, "one every 2 s", |kills| {
+    let s = storm(&mut row, kind, "sharded", 3, "one every 2 s", |kills| {
         (kills % 3, Duration::from_secs(2))
     });
     let fmt = |v: Option<f64>| v.map_or("-".to_owned(), secs);
@@ -176,7 +198,7 @@ fn chaos_stream_relay_sigkill_storm() {
         rng % n
     };
     let schedule = format!("a random one every 1-3 s, seed {seed}");
-    let s = storm(&mut row, "stream", 4, &schedule, |_| {
+    let s = storm(&mut row, Kind::Kafka, "stream", 4, &schedule, |_| {
         (
             below(4) as usize,
             Duration::from_millis(1_000 + below(2_000)),
