@@ -4,8 +4,6 @@ use lapin::{Error, ErrorKind};
 
 /// 311 CONTENT_TOO_LARGE: the broker refuses the message's size.
 pub(crate) const CONTENT_TOO_LARGE: u16 = 311;
-/// 312 NO_ROUTE: a mandatory message no queue is bound for.
-pub(crate) const NO_ROUTE: u16 = 312;
 /// 403 ACCESS_REFUSED: the user may not use the exchange (or vhost).
 pub(crate) const ACCESS_REFUSED: u16 = 403;
 /// 404 NOT_FOUND: no such exchange or queue.
