@@ -1,5 +1,8 @@
 //! What a lapin error means, by the AMQP reply code the broker sent (never by its text).
 
+// The publisher uses the codes that may be a message's own fault; the consumer alone does not.
+#![cfg_attr(not(feature = "relay"), allow(dead_code))]
+
 use lapin::{Error, ErrorKind};
 
 /// 311 CONTENT_TOO_LARGE: the broker refuses the message's size.

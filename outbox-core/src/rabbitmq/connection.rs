@@ -13,7 +13,11 @@ pub(crate) const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
 
 /// Connects to `uri` within `timeout`, naming the connection `name` (shown in the management
 /// UI). The error names the URI without its password.
-pub(crate) async fn connect(uri: &str, name: &str, timeout: Duration) -> Result<Connection, String> {
+pub(crate) async fn connect(
+    uri: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<Connection, String> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
     match tokio::time::timeout(timeout, Connection::connect(uri, properties)).await {
         Ok(Ok(connection)) => Ok(connection),

@@ -12,16 +12,16 @@ mod publisher;
 mod record;
 mod topology;
 
-#[cfg(feature = "relay")]
-#[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
-pub use builder::{DEFAULT_CONFIRM_TIMEOUT, RabbitMqPublisherBuilder};
-pub use consumer::{DEFAULT_PREFETCH, RabbitMqConsumer, RabbitMqConsumerBuilder};
 pub use crate::consumer::{
     AfterDeadLetter, ConsumerStats, DEFAULT_MAX_PARKED_KEYS, DEFAULT_OUTAGE_BACKOFF,
     DEFAULT_RETRY_BACKOFF, DLT_HEADER_ATTEMPTS, DLT_HEADER_ERROR, DLT_HEADER_ERROR_KIND,
     DLT_HEADER_GROUP, DLT_HEADER_OFFSET, DLT_HEADER_PARKED_BEHIND, DLT_HEADER_PARKED_BEHIND_ID,
     DLT_HEADER_TOPIC, NewerVersionPolicy, UndecodablePolicy, UnhandledPolicy,
 };
+#[cfg(feature = "relay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "relay")))]
+pub use builder::{DEFAULT_CONFIRM_TIMEOUT, RabbitMqPublisherBuilder};
+pub use consumer::{DEFAULT_PREFETCH, RabbitMqConsumer, RabbitMqConsumerBuilder};
 pub use error::RabbitMqConfigError;
 pub use lapin::ExchangeKind;
 #[cfg(feature = "relay")]

@@ -10,7 +10,9 @@ use lapin::{Channel, Confirmation, Connection, ExchangeKind};
 use tokio::time::Instant;
 
 use super::builder::RabbitMqPublisherBuilder;
-use super::classify::{ACCESS_REFUSED, NOT_FOUND, code_name, may_be_the_message, name_of, reply_code};
+use super::classify::{
+    ACCESS_REFUSED, NOT_FOUND, code_name, may_be_the_message, name_of, reply_code,
+};
 use super::connection::{RECONNECT_PAUSE, confirm_channel, connect};
 use super::record::{Outgoing, Router, outgoing};
 use super::topology::ensure_exchange;
@@ -229,12 +231,12 @@ impl RabbitMqPublisher {
                     .insert(name.to_owned());
                 Ok(())
             }
-            Ok(Err(e)) if reply_code(&e) == Some(ACCESS_REFUSED) => Err(Delivery::Unavailable(
-                format!(
+            Ok(Err(e)) if reply_code(&e) == Some(ACCESS_REFUSED) => {
+                Err(Delivery::Unavailable(format!(
                     "exchange `{name}`: the broker refuses access to it (ACCESS_REFUSED): {e}; \
                      every message for it waits until the user may use it"
-                ),
-            )),
+                )))
+            }
             Ok(Err(e)) => Err(Delivery::Unavailable(format!(
                 "exchange `{name}` could not be declared ({}): {e}",
                 code_name(&e)

@@ -115,7 +115,10 @@ mod tests {
         assert_eq!(out.routing_key.as_str(), "42");
         let p = &out.properties;
         let id = msg.id.hyphenated().to_string();
-        assert_eq!(p.message_id().as_ref().map(ShortString::as_str), Some(id.as_str()));
+        assert_eq!(
+            p.message_id().as_ref().map(ShortString::as_str),
+            Some(id.as_str())
+        );
         assert_eq!(*p.delivery_mode(), Some(2));
         assert_eq!(
             p.content_type().as_ref().map(ShortString::as_str),
@@ -141,7 +144,9 @@ mod tests {
         msg.topic = Some("orders-v2".into());
         let mapped = Router {
             prefix: "prod.".into(),
-            map: Some(Arc::new(|m: &OutboxMessage| format!("{}.events", m.aggregate_type))),
+            map: Some(Arc::new(|m: &OutboxMessage| {
+                format!("{}.events", m.aggregate_type)
+            })),
         };
         assert_eq!(mapped.exchange(&msg), "prod.order.events");
     }

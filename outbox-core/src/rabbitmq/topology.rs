@@ -32,7 +32,12 @@ pub(crate) async fn ensure_exchange(
     };
     let channel = connection.create_channel().await?;
     match channel
-        .exchange_declare(exchange.clone(), kind.clone(), passive, FieldTable::default())
+        .exchange_declare(
+            exchange.clone(),
+            kind.clone(),
+            passive,
+            FieldTable::default(),
+        )
         .await
     {
         Ok(()) => return Ok(()),
@@ -45,7 +50,12 @@ pub(crate) async fn ensure_exchange(
         ..ExchangeDeclareOptions::default()
     };
     channel
-        .exchange_declare(exchange.clone(), kind.clone(), durable, FieldTable::default())
+        .exchange_declare(
+            exchange.clone(),
+            kind.clone(),
+            durable,
+            FieldTable::default(),
+        )
         .await
 }
 
@@ -64,7 +74,11 @@ pub(crate) struct TopicQueues {
 impl TopicQueues {
     /// `topic`'s queues for consumer `group`, dead letters to `dead_letters` (default
     /// `<topic>.dlt`); or the name that is too long.
-    pub(crate) fn new(group: &str, topic: &str, dead_letters: Option<&str>) -> Result<Self, String> {
+    pub(crate) fn new(
+        group: &str,
+        topic: &str,
+        dead_letters: Option<&str>,
+    ) -> Result<Self, String> {
         let dead_letters = dead_letters.map_or_else(|| format!("{topic}.dlt"), str::to_owned);
         Ok(TopicQueues {
             topic: short("topic", topic)?,
@@ -90,10 +104,7 @@ pub(crate) async fn declare_consumer(
         ..QueueDeclareOptions::default()
     };
     let mut single_active = FieldTable::default();
-    single_active.insert(
-        "x-single-active-consumer".into(),
-        AMQPValue::Boolean(true),
-    );
+    single_active.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
     let queue = queues.queue.clone();
     channel
         .queue_declare(queue.clone(), durable, single_active)

@@ -220,7 +220,9 @@ impl RabbitMqConsumerBuilder {
         let mut queues = Vec::with_capacity(self.topics.len());
         for topic in &self.topics {
             let named = TopicQueues::new(&group, topic, self.dead_letter_exchange.as_deref());
-            queues.push(named.map_err(|why| RabbitMqConfigError::option("topic", format!("`{topic}`: {why}")))?);
+            queues.push(named.map_err(|why| {
+                RabbitMqConfigError::option("topic", format!("`{topic}`: {why}"))
+            })?);
         }
         let settings = self
             .options

@@ -70,9 +70,10 @@ impl DeadLetters {
                     "no queue is bound to the dead-letter exchange".into(),
                 ))
             }
-            Ok(Ok(Confirmation::Nack(None))) => {
-                Err(unwritten("nack", "the broker refused it (basic.nack)".into()))
-            }
+            Ok(Ok(Confirmation::Nack(None))) => Err(unwritten(
+                "nack",
+                "the broker refused it (basic.nack)".into(),
+            )),
             Ok(Ok(Confirmation::NotRequested)) => Err(unwritten(
                 "none",
                 "the channel was not in confirm mode".into(),
@@ -133,7 +134,10 @@ mod tests {
             ],
         };
         let p = properties(&letter);
-        assert_eq!(p.message_id().as_ref().map(ShortString::as_str), Some("abc"));
+        assert_eq!(
+            p.message_id().as_ref().map(ShortString::as_str),
+            Some("abc")
+        );
         assert_eq!(*p.delivery_mode(), Some(2));
         let headers = p.headers().as_ref().unwrap().inner();
         assert_eq!(

@@ -119,7 +119,12 @@ impl Link {
         for queues in &setup.queues {
             declare_consumer(&connection, queues, &setup.exchange_kind)
                 .await
-                .map_err(|e| failed(&format!("declaring the queues of topic `{}`", queues.topic), e))?;
+                .map_err(|e| {
+                    failed(
+                        &format!("declaring the queues of topic `{}`", queues.topic),
+                        e,
+                    )
+                })?;
         }
         let channel = connection
             .create_channel()

@@ -99,7 +99,10 @@ mod tests {
         let bytes = AMQPValue::ByteArray(ByteArray::from(vec![0u8, 159]));
         assert_eq!(header_bytes(&bytes), Some(vec![0, 159]));
         assert_eq!(header_bytes(&AMQPValue::LongInt(-3)), Some(b"-3".to_vec()));
-        assert_eq!(header_bytes(&AMQPValue::Boolean(true)), Some(b"true".to_vec()));
+        assert_eq!(
+            header_bytes(&AMQPValue::Boolean(true)),
+            Some(b"true".to_vec())
+        );
         assert_eq!(header_bytes(&AMQPValue::Void), None);
     }
 }
