@@ -152,11 +152,22 @@ pub mod fault {
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use outbox_core::kafka;
 
-/// The broker-free consumer runtime under [`kafka::KafkaConsumer`] (feature `kafka`): its
-/// policies, default backoffs, dead-letter headers and [`ConsumerStats`](consumer::ConsumerStats),
-/// which [`kafka`] re-exports too.
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+/// RabbitMQ (feature `rabbitmq`): the relay's
+/// [`RabbitMqPublisher`](rabbitmq::RabbitMqPublisher) (publisher confirms) and the consumers'
+/// [`RabbitMqConsumer`](rabbitmq::RabbitMqConsumer), which acknowledges each delivery only
+/// once its handler's transaction committed.
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub use outbox_core::rabbitmq;
+
+/// The broker-free consumer runtime under the brokers' consumers (features `kafka`, `nats`,
+/// `rabbitmq`): its policies, default backoffs, dead-letter headers and
+/// [`ConsumerStats`](consumer::ConsumerStats), which each broker's module re-exports too.
+#[cfg(any(feature = "kafka", feature = "nats", feature = "rabbitmq"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "kafka", feature = "nats", feature = "rabbitmq")))
+)]
 pub use outbox_core::consumer;
 
 /// OpenTelemetry trace propagation (feature `opentelemetry`): `publish` writes the current
