@@ -42,6 +42,7 @@ pub struct RabbitMqPublisherBuilder {
     router: Router,
     exchange_kind: ExchangeKind,
     confirm_timeout: Duration,
+    connection_name: String,
 }
 
 impl Default for RabbitMqPublisherBuilder {
@@ -51,6 +52,7 @@ impl Default for RabbitMqPublisherBuilder {
             router: Router::default(),
             exchange_kind: ExchangeKind::Topic,
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
+            connection_name: "outbox-relay".to_owned(),
         }
     }
 }
@@ -63,6 +65,7 @@ impl std::fmt::Debug for RabbitMqPublisherBuilder {
             .field("router", &self.router)
             .field("exchange_kind", &self.exchange_kind)
             .field("confirm_timeout", &self.confirm_timeout)
+            .field("connection_name", &self.connection_name)
             .finish()
     }
 }
@@ -142,6 +145,18 @@ impl RabbitMqPublisherBuilder {
         self
     }
 
+    /// The connection's name, as the management UI and `rabbitmqctl list_connections` show it
+    /// (default `outbox-relay`): name each relay to tell them apart.
+    ///
+    /// ```
+    /// let builder = outbox_core::rabbitmq::RabbitMqPublisher::builder().connection_name("relay-eu-1");
+    /// # drop(builder);
+    /// ```
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = name.into();
+        self
+    }
+
     /// Checks the options. It does not connect: the publisher connects on its first publish
     /// (or [`ready`](crate::relay::Publisher::ready)), and again after a connection is lost.
     ///
@@ -169,6 +184,7 @@ impl RabbitMqPublisherBuilder {
             self.router,
             self.exchange_kind,
             self.confirm_timeout,
+            self.connection_name,
         ))
     }
 }

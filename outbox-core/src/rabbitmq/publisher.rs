@@ -60,6 +60,7 @@ pub struct RabbitMqPublisher {
     router: Router,
     exchange_kind: ExchangeKind,
     confirm_timeout: Duration,
+    connection_name: String,
     slot: tokio::sync::Mutex<Slot>,
     /// Held shared by every publish, exclusively by a message sent again alone.
     gate: tokio::sync::RwLock<()>,
@@ -110,12 +111,14 @@ impl RabbitMqPublisher {
         router: Router,
         exchange_kind: ExchangeKind,
         confirm_timeout: Duration,
+        connection_name: String,
     ) -> Self {
         RabbitMqPublisher {
             uri,
             router,
             exchange_kind,
             confirm_timeout,
+            connection_name,
             slot: tokio::sync::Mutex::default(),
             gate: tokio::sync::RwLock::new(()),
             exchanges: Mutex::default(),
@@ -181,7 +184,8 @@ impl RabbitMqPublisher {
             return Err(why.clone());
         }
         let connected = async {
-            let connection = connect(&self.uri, "outbox-relay", self.confirm_timeout).await?;
+            let connection =
+                connect(&self.uri, &self.connection_name, self.confirm_timeout).await?;
             let channel = tokio::time::timeout(self.confirm_timeout, confirm_channel(&connection))
                 .await
                 .map_err(|_| "opening a channel timed out".to_owned())?
@@ -399,6 +403,7 @@ impl fmt::Debug for RabbitMqPublisher {
             .field("router", &self.router)
             .field("exchange_kind", &self.exchange_kind)
             .field("confirm_timeout", &self.confirm_timeout)
+            .field("connection_name", &self.connection_name)
             .finish_non_exhaustive()
     }
 }
