@@ -3,7 +3,8 @@
 //! lapin's own client. Each test makes its own exchanges and queues and deletes them.
 //!
 //! The reconnect tests close connections as an operator would, with `rabbitmqctl`'s
-//! `close_connection` (run them where `rabbitmqctl` reaches the broker).
+//! `close_connection`, and the size-limit test lowers the broker's `max_message_size` for a
+//! moment (`rabbitmqctl eval`); run them where `rabbitmqctl` reaches the broker.
 //!
 //! ```text
 //! cargo nextest run -p outbox-kernel --features rabbitmq,relay --test rabbitmq

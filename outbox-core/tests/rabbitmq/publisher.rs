@@ -175,3 +175,67 @@ async fn a_closed_connection_is_reopened_on_the_next_publish() {
     assert_eq!(ids, want);
     rabbit.clean().await;
 }
+
+/// A message over the broker's `max_message_size` (lowered for the test, then restored): the
+/// broker closes the channel with PRECONDITION_FAILED, which reaches every message in flight;
+/// sent again alone, the large one is refused again and is `Failed` (poison), the others are
+/// published.
+#[tokio::test]
+async fn a_message_over_the_broker_s_size_limit_is_failed_and_the_others_go_on() {
+    let mut rabbit = Rabbit::new().await;
+    let (topic, queue) = (unique("order"), unique("read"));
+    rabbit.exchange(&topic, ExchangeKind::Topic).await;
+    rabbit.queue(&queue, &topic, false).await;
+    let limit = MaxMessageSize::lowered_to(1 << 20);
+    // A new publisher: the limit is read when a channel opens.
+    let publisher = publisher();
+    let mut large = placed(&topic, 1, 0);
+    large.payload = format!("{{\"blob\":\"{}\"}}", "x".repeat(2 << 20));
+    let batch: Vec<OutboxMessage> = std::iter::once(large)
+        .chain((2..12).map(|i| placed(&topic, i, 0)))
+        .collect();
+    let outcomes = publisher.publish(&batch).await;
+    drop(limit);
+    match &outcomes[0] {
+        Delivery::Failed(why) => assert!(why.contains("PRECONDITION_FAILED"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        outcomes[1..].iter().all(|d| *d == Delivery::Published),
+        "{outcomes:?}"
+    );
+    let got = rabbit.drain(&queue).await;
+    let mut keys: Vec<u64> = got
+        .iter()
+        .map(|d| d.routing_key.as_str().parse().unwrap())
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!(keys, (2..12).collect::<Vec<_>>());
+    rabbit.clean().await;
+}
+
+/// The broker's `max_message_size`, lowered until dropped (then RabbitMQ's default again).
+struct MaxMessageSize;
+
+impl MaxMessageSize {
+    fn lowered_to(bytes: u64) -> MaxMessageSize {
+        Self::set(bytes);
+        MaxMessageSize
+    }
+
+    fn set(bytes: u64) {
+        let code = format!("application:set_env(rabbit, max_message_size, {bytes}).");
+        let out = std::process::Command::new("rabbitmqctl")
+            .args(["eval", &code])
+            .output()
+            .expect("this test needs `rabbitmqctl`");
+        assert!(out.status.success(), "{out:?}");
+    }
+}
+
+impl Drop for MaxMessageSize {
+    fn drop(&mut self) {
+        Self::set(134_217_728);
+    }
+}
