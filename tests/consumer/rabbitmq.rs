@@ -165,7 +165,7 @@ async fn twenty_thousand_events_through_rabbitmq_applied_once_in_order() {
             let conn = conn.clone();
             async move {
                 let mut conn = conn.lock().await;
-                apply(&mut *conn, event).await.map_err(|e| format!("{e:?}"))
+                apply(&mut conn, event).await.map_err(|e| format!("{e:?}"))
             }
         })
         .build()

@@ -132,3 +132,19 @@ pub(crate) async fn declare_consumer(
         )
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_reads_its_own_queue_and_dead_letters_default_per_topic() {
+        let q = TopicQueues::new("billing", "order", None).unwrap();
+        let names = [q.topic.as_str(), q.queue.as_str(), q.dead_letters.as_str()];
+        assert_eq!(names, ["order", "billing.order", "order.dlt"]);
+        let fixed = TopicQueues::new("billing", "order", Some("billing.dlt")).unwrap();
+        assert_eq!(fixed.dead_letters.as_str(), "billing.dlt");
+        let long = TopicQueues::new("billing", &"o".repeat(250), None).unwrap_err();
+        assert!(long.contains("queue") && long.contains("255"), "{long}");
+    }
+}

@@ -244,3 +244,34 @@ impl RabbitMqConsumerBuilder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_the_password() {
+        let builder = RabbitMqConsumerBuilder::default()
+            .uri("amqp://billing:hunter2-secret@rabbit:5672/%2f")
+            .group("billing")
+            .topic("order");
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("hunter2-secret"), "{shown}");
+        assert!(shown.contains("billing:***@rabbit"), "{shown}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn names_longer_than_amqp_allows_are_refused_naming_the_topic() {
+        let err = RabbitMqConsumerBuilder::default()
+            .uri("amqp://127.0.0.1:5672/%2f")
+            .group("billing")
+            .topic("t".repeat(250))
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&err, RabbitMqConfigError::InvalidOption { option, reason }
+                if option == "topic" && reason.contains("queue")),
+            "{err}"
+        );
+    }
+}
