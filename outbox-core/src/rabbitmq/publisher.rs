@@ -66,6 +66,8 @@ pub struct RabbitMqPublisher {
     gate: tokio::sync::RwLock<()>,
     /// Exchanges known to exist.
     exchanges: Mutex<HashSet<String>>,
+    /// Held while declaring: a batch's first messages to a new exchange declare it once.
+    declaring: tokio::sync::Mutex<()>,
     /// Why the broker is known to be unreachable.
     down: Mutex<Option<String>>,
 }
@@ -122,6 +124,7 @@ impl RabbitMqPublisher {
             slot: tokio::sync::Mutex::default(),
             gate: tokio::sync::RwLock::new(()),
             exchanges: Mutex::default(),
+            declaring: tokio::sync::Mutex::default(),
             down: Mutex::default(),
         }
     }
@@ -219,6 +222,10 @@ impl RabbitMqPublisher {
                 .unwrap_or_else(PoisonError::into_inner)
                 .contains(name)
         };
+        if known(&self.exchanges) {
+            return Ok(());
+        }
+        let _declaring = self.declaring.lock().await;
         if known(&self.exchanges) {
             return Ok(());
         }
