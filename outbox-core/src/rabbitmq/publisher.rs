@@ -191,8 +191,13 @@ impl RabbitMqPublisher {
                 connect(&self.uri, &self.connection_name, self.confirm_timeout).await?;
             let channel = tokio::time::timeout(self.confirm_timeout, confirm_channel(&connection))
                 .await
-                .map_err(|_| "opening a channel timed out".to_owned())?
-                .map_err(|e| format!("opening a channel failed: {e}"))?;
+                .map_err(|_| format!("opening a channel on {} timed out", redact::url(&self.uri)))?
+                .map_err(|e| {
+                    format!(
+                        "opening a channel on {} failed: {e}",
+                        redact::url(&self.uri)
+                    )
+                })?;
             Ok::<_, String>(Link {
                 connection: Arc::new(connection),
                 channel,
