@@ -159,7 +159,15 @@ pub use outbox_core::kafka;
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use outbox_core::nats;
 
-/// The broker-free consumer runtime under every broker's consumer (features `kafka`, `nats`,
+/// RabbitMQ (feature `rabbitmq`): the relay's
+/// [`RabbitMqPublisher`](rabbitmq::RabbitMqPublisher) (publisher confirms) and the consumers'
+/// [`RabbitMqConsumer`](rabbitmq::RabbitMqConsumer), which acknowledges each delivery only
+/// once its handler's transaction committed.
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub use outbox_core::rabbitmq;
+
+/// The broker-free consumer runtime under the brokers' consumers (features `kafka`, `nats`,
 /// `rabbitmq`): its policies, default backoffs, dead-letter headers and
 /// [`ConsumerStats`](consumer::ConsumerStats), which each broker's module re-exports too.
 #[cfg(any(feature = "kafka", feature = "nats", feature = "rabbitmq"))]

@@ -24,6 +24,8 @@ mod idempotent_suite;
 mod inbox_suite;
 #[cfg(all(feature = "kafka", feature = "postgres"))]
 mod outage;
+#[cfg(all(feature = "rabbitmq", feature = "postgres"))]
+mod rabbitmq;
 #[cfg(feature = "kafka")]
 mod through_broker;
 #[cfg(all(feature = "kafka", feature = "sqlite"))]
