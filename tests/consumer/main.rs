@@ -22,6 +22,8 @@ mod db_refusing;
 mod fault_classes;
 mod idempotent_suite;
 mod inbox_suite;
+#[cfg(all(feature = "nats", feature = "postgres"))]
+mod nats;
 #[cfg(all(feature = "kafka", feature = "postgres"))]
 mod outage;
 #[cfg(all(feature = "rabbitmq", feature = "postgres"))]

@@ -22,7 +22,6 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{ConnectionProperties, ExchangeKind};
 use outbox::prelude::*;
-use outbox::rabbitmq::lapin;
 use outbox::rabbitmq::{RabbitMqConsumer, RabbitMqPublisher};
 use outbox::relay::{Mode, PgRelayStore, Relay, RelayConfig};
 use outbox::{Envelope, idempotent};

@@ -119,11 +119,7 @@ pub use crate::consumer::{
 pub use builder::{DEFAULT_CONFIRM_TIMEOUT, RabbitMqPublisherBuilder};
 pub use consumer::{DEFAULT_PREFETCH, RabbitMqConsumer, RabbitMqConsumerBuilder};
 pub use error::RabbitMqConfigError;
-/// The AMQP client the adapter is built on (lapin), for its types and for reading and
-/// declaring with the same client, without a dependency of your own that must match its
-/// version.
-#[doc(no_inline)]
-pub use lapin;
+/// The kind of exchange a publisher or consumer declares where none exists (lapin's).
 pub use lapin::ExchangeKind;
 #[cfg(feature = "relay")]
 #[cfg_attr(docsrs, doc(cfg(feature = "relay")))]

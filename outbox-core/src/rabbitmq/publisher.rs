@@ -158,6 +158,24 @@ impl RabbitMqPublisher {
         self.confirm_timeout
     }
 
+    /// The longest a [`publish`](Publisher::publish) should take to give every message an
+    /// outcome: connecting and the confirm each within the confirm timeout, plus 2 s. The
+    /// relay bounds each publish by it (its lease must be longer); a message without an
+    /// outcome then is an outage.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let publisher = outbox_core::rabbitmq::RabbitMqPublisher::builder()
+    ///     .uri("amqp://127.0.0.1:5672/%2f")
+    ///     .confirm_timeout(Duration::from_secs(5))
+    ///     .build()?;
+    /// assert_eq!(publisher.publish_timeout(), Duration::from_secs(12));
+    /// # Ok::<(), outbox_core::rabbitmq::RabbitMqConfigError>(())
+    /// ```
+    pub fn publish_timeout(&self) -> Duration {
+        self.confirm_timeout * 2 + Duration::from_secs(2)
+    }
+
     fn set_down(&self, why: Option<String>) {
         *self.down.lock().unwrap_or_else(PoisonError::into_inner) = why;
     }
@@ -382,7 +400,7 @@ impl Publisher for RabbitMqPublisher {
     /// # Ok(()) }
     /// ```
     async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Delivery> {
-        publish_in_key_order(batch, |msg| self.send(msg)).await
+        publish_in_key_order(batch, |_, msg| self.send(msg)).await
     }
 
     /// Why the broker is unreachable, while the last connection attempt failed or the

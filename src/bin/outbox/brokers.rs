@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use outbox::kafka::{KafkaPublisher, KafkaPublisherBuilder};
 use outbox::nats::NatsPublisher;
+use outbox::rabbitmq::RabbitMqPublisher;
 
 use crate::{Fatal, RelayArgs, inputs};
 
@@ -159,6 +160,20 @@ pub(crate) async fn nats(args: &RelayArgs, servers: &str) -> Result<NatsPublishe
     builder
         .build()
         .await
+        .map_err(|e| Fatal(format!("{e} (check --broker / OUTBOX_BROKER)")))
+}
+
+/// The RabbitMQ publisher of `outbox relay`: `--message-timeout` bounds each publisher
+/// confirm (and connecting), `--topic-prefix` prefixes every exchange.
+pub(crate) fn rabbitmq(args: &RelayArgs, uri: &str) -> Result<RabbitMqPublisher, Fatal> {
+    let mut builder = RabbitMqPublisher::builder()
+        .uri(uri)
+        .confirm_timeout(Duration::from_millis(args.message_timeout));
+    if let Some(prefix) = &args.topic_prefix {
+        builder = builder.exchange_prefix(prefix.clone());
+    }
+    builder
+        .build()
         .map_err(|e| Fatal(format!("{e} (check --broker / OUTBOX_BROKER)")))
 }
 

@@ -415,7 +415,21 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
             )
             .await
         }
-        Broker::RabbitMq(_) => Err(Fatal("RabbitMQ is not built into this binary yet".into())),
+        Broker::RabbitMq(uri) => {
+            let publisher = std::sync::Arc::new(brokers::rabbitmq(&args, uri)?);
+            let publish_timeout = publisher.publish_timeout();
+            let probe = publisher.clone();
+            relay_to(
+                args,
+                backend,
+                url,
+                &broker,
+                publisher,
+                move || Ok(probe),
+                publish_timeout,
+            )
+            .await
+        }
     }
 }
 

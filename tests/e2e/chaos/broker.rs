@@ -36,6 +36,16 @@ fn chaos_nats_outage_black_hole() {
     broker_outage(Kind::Nats, Mode::BlackHole);
 }
 
+#[test]
+fn chaos_rabbitmq_outage_refused() {
+    broker_outage(Kind::RabbitMq, Mode::Refuse);
+}
+
+#[test]
+fn chaos_rabbitmq_outage_black_hole() {
+    broker_outage(Kind::RabbitMq, Mode::BlackHole);
+}
+
 fn broker_outage(kind: Kind, mode: Mode) {
     let started = Instant::now();
     // Kafka's rows keep their names from before there were other brokers.
@@ -73,6 +83,7 @@ fn broker_outage(kind: Kind, mode: Mode) {
         hold: Duration::ZERO,
     };
     let args = ["--max-attempts", "2"];
+    super::brokers::prepare(&broker.address(), &format!("{prefix}order-lifecycle"));
     let mut relays: Vec<_> = (0..2)
         .map(|_| relay(&db.url, &broker.address(), &prefix, &args))
         .collect();

@@ -6,7 +6,13 @@
 //!   `nats://127.0.0.1:4222`); a single server advertises no other address, so every
 //!   connection goes through the proxy. Read back through an ephemeral pull consumer of the
 //!   topic's stream.
+//! - RabbitMQ: the machine's broker (`OUTBOX_TEST_AMQP_URL`, default
+//!   `amqp://guest:guest@127.0.0.1:5672/%2f`). A queue of the test's, bound to the topic's
+//!   exchange before any relay starts ([`prepare`]), is read live by a thread of its own, which
+//!   stamps each message with the time it arrived (AMQP's own timestamp is in whole seconds).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::AckPolicy, consumer::PullConsumer, consumer::pull};
@@ -20,6 +26,7 @@ use super::services::PrivateBroker;
 pub enum Kind {
     Kafka,
     Nats,
+    RabbitMq,
 }
 
 impl Kind {
@@ -28,6 +35,7 @@ impl Kind {
         match self {
             Kind::Kafka => "kafka",
             Kind::Nats => "nats",
+            Kind::RabbitMq => "rabbitmq",
         }
     }
 
@@ -36,6 +44,7 @@ impl Kind {
         match self {
             Kind::Kafka => "Kafka",
             Kind::Nats => "NATS JetStream",
+            Kind::RabbitMq => "RabbitMQ",
         }
     }
 
@@ -44,8 +53,21 @@ impl Kind {
         match self {
             Kind::Kafka => crate::harness::noida(),
             Kind::Nats => nats_url(),
+            Kind::RabbitMq => amqp_url(),
         }
     }
+}
+
+pub fn amqp_url() -> String {
+    std::env::var("OUTBOX_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// `host:port` of a `scheme://[user@]host:port[/…]` URL.
+fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
+    rest.split('/').next().unwrap_or(rest).to_owned()
 }
 
 pub fn nats_url() -> String {
@@ -62,13 +84,10 @@ impl ChaosBroker {
     pub fn start(kind: Kind) -> ChaosBroker {
         match kind {
             Kind::Kafka => ChaosBroker::Kafka(PrivateBroker::start()),
-            Kind::Nats => {
-                let upstream = nats_url().trim_start_matches("nats://").to_owned();
-                ChaosBroker::Proxied {
-                    kind,
-                    proxy: TcpProxy::start(0, &upstream),
-                }
-            }
+            kind => ChaosBroker::Proxied {
+                kind,
+                proxy: TcpProxy::start(0, &host_port(&kind.shared())),
+            },
         }
     }
 
@@ -83,7 +102,11 @@ impl ChaosBroker {
             } => {
                 format!("nats://127.0.0.1:{}", proxy.port())
             }
-            ChaosBroker::Proxied { proxy, .. } => proxy.address(),
+            ChaosBroker::Proxied { kind, proxy } => {
+                // The shared URL with the proxy's address: the same user and virtual host.
+                let shared = kind.shared();
+                shared.replacen(&host_port(&shared), &proxy.address(), 1)
+            }
         }
     }
 
@@ -95,9 +118,22 @@ impl ChaosBroker {
     }
 }
 
-/// Deletes what a scenario left on a shared broker: the stream of `topic` (NATS). Kafka's
-/// topics live on brokers of the test run's own.
+/// What a scenario needs on the broker before any relay publishes: for RabbitMQ, the topic's
+/// exchange and a queue of the test's bound to it, read from now on (a message that no queue
+/// takes is not accepted: the relay would wait for one). Nothing for the others.
+pub fn prepare(brokers: &str, topic: &str) {
+    if brokers.starts_with("amqp://") {
+        rabbit::listen(&amqp_url(), topic);
+    }
+}
+
+/// Deletes what a scenario left on a shared broker: the stream of `topic` (NATS), the
+/// exchange and queue of `topic` (RabbitMQ). Kafka's topics live on brokers of the test run's
+/// own.
 pub fn forget(brokers: &str, topic: &str) {
+    if brokers.starts_with("amqp://") {
+        rabbit::forget(&amqp_url(), topic);
+    }
     if brokers.starts_with("nats://") {
         runtime().block_on(async {
             if let Ok(client) = async_nats::connect(brokers).await {
@@ -124,6 +160,9 @@ pub fn read_until(
     wait: bool,
     done: impl FnMut(&Record) -> bool,
 ) -> Vec<Record> {
+    if url.starts_with("amqp://") {
+        return rabbit::read_until(topic, deadline, wait, done);
+    }
     assert!(url.starts_with("nats://"), "no reader for {url}");
     runtime().block_on(read_nats(url, topic, deadline, wait, done))
 }
@@ -197,4 +236,172 @@ async fn read_nats(
         out.push(record);
     }
     out
+}
+
+/// RabbitMQ: a queue per topic, read by a thread from [`prepare`] to [`forget`].
+mod rabbit {
+    use super::*;
+    use lapin::options::{
+        BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+        QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    };
+    use lapin::types::{AMQPValue, FieldTable};
+    use lapin::{Connection, ConnectionProperties, ExchangeKind};
+
+    /// What each topic's reader received so far, and whether it is to stop.
+    type Received = Arc<(Mutex<Vec<Record>>, std::sync::atomic::AtomicBool)>;
+
+    fn readers() -> &'static Mutex<HashMap<String, Received>> {
+        static READERS: OnceLock<Mutex<HashMap<String, Received>>> = OnceLock::new();
+        READERS.get_or_init(Mutex::default)
+    }
+
+    fn queue(topic: &str) -> String {
+        format!("{topic}.chaos-reader")
+    }
+
+    pub fn listen(url: &str, topic: &str) {
+        let received: Received = Arc::default();
+        readers()
+            .lock()
+            .unwrap()
+            .insert(topic.to_owned(), received.clone());
+        let (url, topic) = (url.to_owned(), topic.to_owned());
+        let (ready, is_ready) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            runtime().block_on(async move {
+                let connection = Connection::connect(&url, ConnectionProperties::default())
+                    .await
+                    .expect("RabbitMQ is reachable");
+                let channel = connection.create_channel().await.unwrap();
+                let durable = ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                };
+                channel
+                    .exchange_declare(
+                        topic.as_str().into(),
+                        ExchangeKind::Topic,
+                        durable,
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                let queue = queue(&topic);
+                let options = QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                };
+                channel
+                    .queue_declare(queue.as_str().into(), options, FieldTable::default())
+                    .await
+                    .unwrap();
+                channel
+                    .queue_bind(
+                        queue.as_str().into(),
+                        topic.as_str().into(),
+                        "#".into(),
+                        QueueBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                let mut deliveries = channel
+                    .basic_consume(
+                        queue.as_str().into(),
+                        "chaos-reader".into(),
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                ready.send(()).unwrap();
+                let mut offset = 0;
+                while !received.1.load(std::sync::atomic::Ordering::SeqCst) {
+                    let next =
+                        tokio::time::timeout(Duration::from_millis(100), deliveries.next()).await;
+                    let Ok(Some(Ok(delivery))) = next else {
+                        continue;
+                    };
+                    let id = delivery
+                        .properties
+                        .headers()
+                        .as_ref()
+                        .and_then(|h| h.inner().get("id"))
+                        .and_then(|v| match v {
+                            AMQPValue::LongString(s) => Some(s.to_string()),
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                    let now = chrono::Utc::now().timestamp_millis();
+                    received.0.lock().unwrap().push(Record {
+                        partition: 0,
+                        offset,
+                        id,
+                        timestamp_ms: Some(now),
+                    });
+                    offset += 1;
+                    let _ = delivery.ack(BasicAckOptions::default()).await;
+                }
+                let _ = connection.close(200, "done".into()).await;
+            });
+        });
+        is_ready
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the RabbitMQ reader started");
+    }
+
+    pub fn read_until(
+        topic: &str,
+        deadline: Duration,
+        wait: bool,
+        mut done: impl FnMut(&Record) -> bool,
+    ) -> Vec<Record> {
+        let received = readers()
+            .lock()
+            .unwrap()
+            .get(topic)
+            .cloned()
+            .unwrap_or_else(|| panic!("no reader for {topic}: call prepare() before the relays"));
+        let start = Instant::now();
+        let mut complete = !wait;
+        let mut seen = 0;
+        let mut extra_until: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            match extra_until {
+                None if complete || start.elapsed() > deadline => {
+                    extra_until = Some(now + Duration::from_millis(500));
+                }
+                Some(t) if now > t => break,
+                _ => {}
+            }
+            let records = received.0.lock().unwrap().clone();
+            for record in &records[seen..] {
+                complete |= done(record);
+            }
+            seen = records.len();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        received.0.lock().unwrap().clone()
+    }
+
+    pub fn forget(url: &str, topic: &str) {
+        if let Some(received) = readers().lock().unwrap().remove(topic) {
+            received.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        runtime().block_on(async {
+            if let Ok(connection) = Connection::connect(url, ConnectionProperties::default()).await
+                && let Ok(channel) = connection.create_channel().await
+            {
+                let _ = channel
+                    .queue_delete(queue(topic).as_str().into(), QueueDeleteOptions::default())
+                    .await;
+                let _ = channel
+                    .exchange_delete(topic.into(), ExchangeDeleteOptions::default())
+                    .await;
+                let _ = connection.close(200, "done".into()).await;
+            }
+        });
+    }
 }

@@ -48,6 +48,7 @@ fn storm(
         rate,
         hold: Duration::ZERO,
     };
+    super::brokers::prepare(&brokers, &format!("{prefix}order-lifecycle"));
     let start_relay = || -> RelayProcess { relay_in_mode(&db.url, &brokers, &prefix, mode, &[]) };
     let mut running: Vec<_> = (0..relays).map(|_| start_relay()).collect();
     let writers = Writers::start(&db.url, &spec);
@@ -136,6 +137,11 @@ fn chaos_relay_sigkill_storm() {
 #[test]
 fn chaos_nats_relay_sigkill_storm() {
     sharded_storm(Kind::Nats);
+}
+
+#[test]
+fn chaos_rabbitmq_relay_sigkill_storm() {
+    sharded_storm(Kind::RabbitMq);
 }
 
 fn sharded_storm(kind: Kind) {

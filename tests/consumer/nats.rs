@@ -1,0 +1,235 @@
+//! End to end through NATS JetStream (`OUTBOX_TEST_NATS_URL`, default
+//! `nats://127.0.0.1:4222`): 20,000 events of 1,000 aggregates written with
+//! `transaction_with_outbox` to PostgreSQL, relayed by two sharded relays, consumed by
+//! `NatsConsumer` with an `#[idempotent]` handler writing to another database, and read back
+//! from the stream by async-nats' own client. Every event is applied once, each aggregate's in
+//! order.
+//!
+//! ```text
+//! cargo nextest run --features nats,postgres --test consumer nats
+//! ```
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::AckPolicy, consumer::PullConsumer, consumer::pull};
+use diesel::Connection;
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use futures_util::StreamExt;
+use outbox::nats::{NatsConsumer, NatsPublisher};
+use outbox::prelude::*;
+use outbox::relay::{Mode, PgRelayStore, Relay, RelayConfig};
+use outbox::{Envelope, idempotent};
+
+use crate::conns::*;
+use crate::support::*;
+
+const AGGREGATES: i64 = 1_000;
+const PER_AGGREGATE: i64 = 20;
+const DEADLINE: Duration = Duration::from_secs(150);
+
+fn nats_url() -> String {
+    std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// The event's position in its aggregate travels as `total_cents`; the effect records it.
+#[idempotent(consumer = "billing")]
+async fn apply(
+    conn: &mut AsyncPgConnection,
+    event: Envelope<OrderCreated>,
+) -> Result<(), AppError> {
+    conn.effect(
+        "billing",
+        &event.inbox_key(),
+        event.order_id,
+        event.total_cents,
+    )
+    .await?;
+    Ok(())
+}
+
+fn pending_in(url: &str) -> i64 {
+    use diesel::RunQueryDsl;
+    let mut conn = diesel::PgConnection::establish(url).unwrap();
+    diesel::sql_query(
+        "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NULL AND dead_at IS NULL",
+    )
+    .get_result::<Count>(&mut conn)
+    .unwrap()
+    .n
+}
+
+/// (order id, position) of every effect, in the order they were written.
+async fn effects_in_order(conn: &mut AsyncPgConnection) -> Vec<(i64, i64)> {
+    use diesel::ExpressionMethods;
+    use diesel::QueryDsl;
+    use diesel_async::RunQueryDsl;
+    effects::table
+        .order(effects::n.asc())
+        .select((effects::order_id, effects::amount))
+        .load(conn)
+        .await
+        .unwrap()
+}
+
+/// Fails unless each aggregate's positions are exactly `0..PER_AGGREGATE`, in order.
+fn assert_each_aggregate_in_order(what: &str, positions: &[(i64, i64)]) {
+    let mut next: HashMap<i64, i64> = HashMap::new();
+    for &(order_id, position) in positions {
+        let expected = next.entry(order_id).or_default();
+        assert_eq!(position, *expected, "{what}: order {order_id} out of order");
+        *expected += 1;
+    }
+    assert_eq!(next.len() as i64, AGGREGATES, "{what}: every aggregate");
+    assert!(
+        next.values().all(|n| *n == PER_AGGREGATE),
+        "{what}: every event once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_events_through_nats_applied_once_in_order() {
+    let started = Instant::now();
+    let source = TestDatabase::postgres("nats_source");
+    let sink = with_effects_async::<AsyncPgConnection>(TestDatabase::postgres("nats_sink")).await;
+    let suffix = uuid::Uuid::now_v7().simple().to_string();
+    let (topic, group) = (format!("outbox-e2e-{suffix}"), format!("billing-{suffix}"));
+
+    // The consumer, one connection to the sink (no fsync per message: the test is about
+    // order and duplicates, not the sink's durability). It creates the topic's stream.
+    let mut conn = <AsyncPgConnection as AsyncConn>::open(&sink).await;
+    conn.batch_execute("SET synchronous_commit = off")
+        .await
+        .unwrap();
+    let conn = Arc::new(tokio::sync::Mutex::new(conn));
+    let consumer = NatsConsumer::builder()
+        .servers(nats_url())
+        .group(&group)
+        .topic(&topic)
+        .handler(move |event: Envelope<OrderCreated>| {
+            let conn = conn.clone();
+            async move {
+                let mut conn = conn.lock().await;
+                apply(&mut conn, event).await.map_err(|e| format!("{e:?}"))
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    let stats = consumer.stats();
+    let (stop_consumer, stopped) = tokio::sync::oneshot::channel::<()>();
+    let consuming = tokio::spawn(consumer.run(async move {
+        stopped.await.ok();
+    }));
+
+    // Two sharded relays, each with its own publisher.
+    let (stop_relays, relays_stopped) = tokio::sync::watch::channel(false);
+    let mut relays = Vec::new();
+    for _ in 0..2 {
+        let target = topic.clone();
+        let publisher = NatsPublisher::builder()
+            .servers(nats_url())
+            .topic_for(move |_| target.clone())
+            .build()
+            .await
+            .unwrap();
+        let config = RelayConfig {
+            mode: Mode::Sharded,
+            batch_size: 500,
+            poll_interval: Duration::from_millis(50),
+            ..RelayConfig::default()
+        };
+        let relay = Relay::new(PgRelayStore::new(source.url.clone()), publisher, config).unwrap();
+        let mut stopped = relays_stopped.clone();
+        relays.push(tokio::spawn(relay.run(async move {
+            stopped.wait_for(|stop| *stop).await.ok();
+        })));
+    }
+
+    // The writer: position k of every aggregate, 100 aggregates per transaction.
+    let writer_url = source.url.clone();
+    let writer = std::thread::spawn(move || {
+        let mut conn = diesel::PgConnection::establish(&writer_url).unwrap();
+        for position in 0..PER_AGGREGATE {
+            for first in (1..=AGGREGATES).step_by(100) {
+                conn.transaction_with_outbox(|tx| {
+                    for order_id in first..first + 100 {
+                        let event = OrderCreated {
+                            order_id,
+                            total_cents: position,
+                        };
+                        tx.publish(&event)?;
+                    }
+                    Ok::<_, AppError>(())
+                })
+                .unwrap();
+            }
+        }
+    });
+    writer.join().unwrap();
+
+    let total = (AGGREGATES * PER_AGGREGATE) as u64;
+    let deadline = Instant::now() + DEADLINE;
+    while pending_in(&source.url) > 0 || stats.get(&stats.done) < total {
+        assert!(Instant::now() < deadline, "not done in time: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop_relays.send(true).unwrap();
+    for relay in relays {
+        relay.await.unwrap();
+    }
+    stop_consumer.send(()).unwrap();
+    consuming.await.unwrap();
+    let elapsed = started.elapsed();
+
+    // Applied exactly once in effect, each aggregate in order.
+    let mut conn = <AsyncPgConnection as AsyncConn>::open(&sink).await;
+    let effects = effects_in_order(&mut conn).await;
+    assert_each_aggregate_in_order("the consumer's effects", &effects);
+    assert_eq!(stats.get(&stats.applied), total, "{stats:?}");
+
+    // async-nats' own reading of the stream: every event (at least once), in order.
+    let js = jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+    let stream = js
+        .get_stream(outbox::nats::stream_name(&topic))
+        .await
+        .unwrap();
+    let reader: PullConsumer = stream
+        .create_consumer(pull::Config {
+            ack_policy: AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = reader.messages().await.unwrap();
+    let (mut seen, mut positions) = (HashSet::new(), Vec::new());
+    let stored = stream.cached_info().state.messages;
+    for _ in 0..stored {
+        let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .expect("the stream's messages")
+            .unwrap()
+            .unwrap();
+        let id = message
+            .headers
+            .as_ref()
+            .unwrap()
+            .get("Nats-Msg-Id")
+            .unwrap();
+        if seen.insert(id.to_string()) {
+            let event: OrderCreated = serde_json::from_slice(&message.payload).unwrap();
+            assert_eq!(
+                message.subject.as_str(),
+                format!("{topic}.{}", event.order_id)
+            );
+            positions.push((event.order_id, event.total_cents));
+        }
+    }
+    assert_each_aggregate_in_order("the stream", &positions);
+
+    for name in [topic.clone(), format!("{topic}-dlt")] {
+        let _ = js.delete_stream(outbox::nats::stream_name(&name)).await;
+    }
+    println!("{total} events through NATS in {elapsed:?}");
+}
