@@ -8,6 +8,11 @@
 //!     cargo run --example orders_nats --features postgres,nats
 //! ```
 //!
+//! First the pitfall: a relay that publishes, loses the acknowledgement (a timeout, a dropped
+//! connection) and publishes again stores the event twice, unless the message carries an id
+//! the stream deduplicates on. The outbox publisher sends the event id as `Nats-Msg-Id`, so
+//! the repeat is dropped within the stream's duplicate window.
+//!
 //! What each step guarantees:
 //!
 //! 1. **Write.** `transaction_with_outbox` inserts the order and its `OrderPlaced` event in one
@@ -89,6 +94,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .execute(&mut conn)?;
 
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        // 0. The pitfall: the same event published twice, once without and once with an id.
+        let pitfall = format!("{topic}-pitfall");
+        let js = async_nats::jetstream::new(async_nats::connect(&nats_url).await?);
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: outbox::nats::stream_name(&pitfall),
+            subjects: vec![format!("{pitfall}.>")],
+            ..Default::default()
+        })
+        .await?;
+        let subject = format!("{pitfall}.1");
+        for _ in 0..2 {
+            js.publish(subject.clone(), "{}".into()).await?.await?;
+        }
+        for _ in 0..2 {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", "0193f1d2-0000-7000-8000-000000000001");
+            js.publish_with_headers(subject.clone(), headers, "{}".into())
+                .await?
+                .await?;
+        }
+        let mut stream = js.get_stream(outbox::nats::stream_name(&pitfall)).await?;
+        let stored = stream.info().await?.state.messages;
+        js.delete_stream(outbox::nats::stream_name(&pitfall))
+            .await?;
+        if stored != 3 {
+            return Err(format!("expected 2 copies without an id and 1 with: {stored}").into());
+        }
+        println!("0. a publish repeated after a lost ack: 2 copies without Nats-Msg-Id, 1 with it");
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })?;
+
     // 1. Write: each order's event in one transaction with the order (here: the event alone).
     let mut orders = Vec::new();
     for (customer, total_cents) in [("ada", 1250), ("grace", 4200), ("linus", 999)] {
@@ -107,9 +147,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         orders.len()
     );
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     runtime.block_on(async {
         // 2. Relay to JetStream until our events are out.
         let ours = topic.clone();

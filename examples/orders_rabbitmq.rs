@@ -8,6 +8,13 @@
 //!     cargo run --example orders_rabbitmq --features postgres,rabbitmq
 //! ```
 //!
+//! First the pitfall: a publisher that waits for the broker's confirm but does not set
+//! `mandatory` publishes to an exchange no queue is bound to yet (the consumer has not started,
+//! a binding was deleted). The broker confirms the message and drops it: the confirm means
+//! "the broker took responsibility", and with no queue to route to, it is done with it. The
+//! outbox publisher sets `mandatory`, so the broker returns such a message, and the relay keeps
+//! the event as an outage until a queue is there.
+//!
 //! What each step guarantees:
 //!
 //! 1. **Write.** `transaction_with_outbox` inserts the order and its `OrderPlaced` event in one
@@ -27,6 +34,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+
+use lapin::Confirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::types::FieldTable;
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
@@ -92,6 +103,50 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .execute(&mut conn)?;
 
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        // 0. The pitfall: confirmed, yet dropped, because no queue is bound and the message
+        // was not `mandatory`.
+        let connection =
+            lapin::Connection::connect(&amqp_url, lapin::ConnectionProperties::default()).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        channel
+            .exchange_declare(
+                topic.as_str().into(),
+                lapin::ExchangeKind::Topic,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        let confirm = channel
+            .basic_publish(
+                topic.as_str().into(),
+                "naive".into(),
+                BasicPublishOptions::default(),
+                b"{}",
+                lapin::BasicProperties::default(),
+            )
+            .await?
+            .await?;
+        if !matches!(confirm, Confirmation::Ack(None)) {
+            return Err(format!("expected a plain confirm, got {confirm:?}").into());
+        }
+        println!(
+            "0. naive: the broker confirmed a message to an exchange without a queue; it is gone"
+        );
+        connection.close(200, "done".into()).await?;
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })?;
+
     // 1. Write: each order's event in one transaction with the order (here: the event alone).
     let mut orders = Vec::new();
     for (customer, total_cents) in [("ada", 1250), ("grace", 4200), ("linus", 999)] {
@@ -110,31 +165,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         orders.len()
     );
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     runtime.block_on(async {
-        // 3. (started first: it declares the queue the relay's messages are routed to) The
-        // consumer: the inbox and the invoice in one transaction, then the acknowledgement.
-        let conn = Arc::new(tokio::sync::Mutex::new(
-            outbox::connect::postgres(&database_url).await?,
-        ));
-        let consumer = RabbitMqConsumer::builder()
-            .uri(&amqp_url)
-            .group("billing")
-            .topic(&topic)
-            .handler(move |event: Envelope<OrderPlaced>| {
-                let conn = conn.clone();
-                async move { invoice(&mut *conn.lock().await, event).await }
-            })
-            .build()?;
-        let stats = consumer.stats();
-        let (stop_consumer, consumer_stopped) = tokio::sync::oneshot::channel::<()>();
-        let consuming = tokio::spawn(consumer.run(async move {
-            consumer_stopped.await.ok();
-        }));
-
-        // 2. Relay to RabbitMQ until our events are out.
+        // 2. Relay to RabbitMQ. No queue is bound yet: every message comes back (`mandatory`),
+        // and the relay keeps the events as an outage.
         let ours = topic.clone();
         let publisher = RabbitMqPublisher::builder()
             .uri(&amqp_url)
@@ -155,6 +188,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             relay_stopped.await.ok();
         }));
         let start = Instant::now();
+        while relay_stats.unavailable.load(Ordering::Relaxed) == 0
+            && start.elapsed() < Duration::from_secs(30)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let returned = relay_stats.unavailable.load(Ordering::Relaxed);
+        if returned == 0 || relay_stats.published.load(Ordering::Relaxed) > 0 {
+            return Err("the relay should have kept the events while no queue was bound".into());
+        }
+        println!("2. outbox: {returned} events came back (no queue bound); the relay keeps them");
+
+        // 3. The consumer declares its queue; the relay's next attempt delivers. The inbox
+        // and the invoice commit in one transaction, then the delivery is acknowledged.
+        let conn = Arc::new(tokio::sync::Mutex::new(
+            outbox::connect::postgres(&database_url).await?,
+        ));
+        let consumer = RabbitMqConsumer::builder()
+            .uri(&amqp_url)
+            .group("billing")
+            .topic(&topic)
+            .handler(move |event: Envelope<OrderPlaced>| {
+                let conn = conn.clone();
+                async move { invoice(&mut *conn.lock().await, event).await }
+            })
+            .build()?;
+        let stats = consumer.stats();
+        let (stop_consumer, consumer_stopped) = tokio::sync::oneshot::channel::<()>();
+        let consuming = tokio::spawn(consumer.run(async move {
+            consumer_stopped.await.ok();
+        }));
+        let start = Instant::now();
         while invoiced(&database_url, &orders)? < orders.len() as i64
             && start.elapsed() < Duration::from_secs(60)
         {
@@ -165,7 +229,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         relaying.await?;
         consuming.await?;
         let published = relay_stats.published.load(Ordering::Relaxed);
-        println!("2. the relay published {published} events to the exchange `{topic}`");
+        println!("   then the relay published {published} events to the exchange `{topic}`");
         println!(
             "3. the consumer applied {} and recognised {} as duplicates",
             stats.get(&stats.applied),

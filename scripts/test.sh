@@ -85,9 +85,35 @@ start_mariadb() {
   mysql_up || { echo "MariaDB did not come up on 127.0.0.1:3306" >&2; exit 1; }
 }
 
+# --- NATS with JetStream, RabbitMQ ----------------------------------------------------------------
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+start_nats() {
+  if port_open 4222; then return 0; fi
+  apt_install nats-server
+  log "starting NATS with JetStream"
+  local dir=/var/tmp/outbox-nats
+  as_root mkdir -p "$dir"
+  as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p 4222 -js -sd "$dir"
+  for _ in $(seq 1 60); do port_open 4222 && break; sleep 0.5; done
+  port_open 4222 || { echo "NATS did not come up on 127.0.0.1:4222" >&2; exit 1; }
+}
+start_rabbitmq() {
+  if port_open 5672; then return 0; fi
+  apt_install rabbitmq-server
+  log "starting RabbitMQ"
+  as_root service rabbitmq-server start >/dev/null 2>&1 || as_root rabbitmq-server -detached
+  for _ in $(seq 1 120); do port_open 5672 && break; sleep 0.5; done
+  port_open 5672 || { echo "RabbitMQ did not come up on 127.0.0.1:5672" >&2; exit 1; }
+}
+
 if [ "${OUTBOX_SKIP_SERVICES:-0}" != 1 ]; then
   start_postgres
   start_mariadb
+  # NATS (127.0.0.1:4222, JetStream) and RabbitMQ (127.0.0.1:5672, guest/guest) for the
+  # `nats` and `rabbitmq` tests.
+  start_nats
+  start_rabbitmq
   # noida-db (127.0.0.1:9092) and tansu (127.0.0.1:9094) for outbox-core's `kafka` tests.
   ./scripts/kafka.sh start
   # Databases left by an interrupted earlier run (tests drop their own when they finish).

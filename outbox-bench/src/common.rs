@@ -21,6 +21,10 @@ pub struct Ctx {
     pub kafka: String,
     /// The bench's own broker at `kafka`, if it started one.
     pub broker: Option<crate::broker::PrivateBroker>,
+    /// The NATS server (JetStream); empty to skip.
+    pub nats: String,
+    /// The RabbitMQ broker's URI; empty to skip.
+    pub amqp: String,
     /// Where the report goes (PNGs go next to it).
     pub out_dir: std::path::PathBuf,
     /// What the plots' file names start with: the report's name, lowercased
@@ -125,13 +129,18 @@ pub fn exec(conn: &mut PgConnection, sql: &str) {
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
-/// CPU seconds (user + system) so far of each `postgres` process, of the Kafka-protocol
-/// brokers and of this process, from /proc. Compare two with [`Cpu::since`].
+/// CPU seconds (user + system) so far of each `postgres` process, of the brokers (the
+/// Kafka-protocol ones, `nats-server`, RabbitMQ's `beam.smp`) and of this process, from
+/// /proc. Compare two with [`Cpu::since`].
 pub struct Cpu {
     pg: std::collections::HashMap<u32, f64>,
-    broker: std::collections::HashMap<u32, f64>,
+    /// Per broker process: its command name and CPU seconds.
+    broker: std::collections::HashMap<u32, (String, f64)>,
     me: f64,
 }
+
+/// The command names of the broker processes.
+const BROKERS: [&str; 4] = ["noida", "tansu", "nats-server", "beam.smp"];
 
 impl Cpu {
     /// A snapshot now.
@@ -158,8 +167,8 @@ impl Cpu {
                     Some((comm, t)) if comm.starts_with("postgres") => {
                         pg.insert(pid, t);
                     }
-                    Some((comm, t)) if comm.starts_with("noida") || comm.starts_with("tansu") => {
-                        broker.insert(pid, t);
+                    Some((comm, t)) if BROKERS.iter().any(|b| comm.starts_with(b)) => {
+                        broker.insert(pid, (comm, t));
                     }
                     _ => {}
                 }
@@ -176,9 +185,16 @@ impl Cpu {
         (delta(&self.pg, &earlier.pg), self.me - earlier.me)
     }
 
-    /// CPU seconds of the Kafka-protocol brokers (noida-db, tansu) since `earlier`.
-    pub fn broker_since(&self, earlier: &Cpu) -> f64 {
-        delta(&self.broker, &earlier.broker)
+    /// CPU seconds since `earlier` of the broker processes whose command name starts with
+    /// one of `names` (e.g. `["noida", "tansu"]` for the Kafka-protocol brokers).
+    pub fn broker_since(&self, earlier: &Cpu, names: &[&str]) -> f64 {
+        let of = |m: &std::collections::HashMap<u32, (String, f64)>| {
+            m.iter()
+                .filter(|(_, (comm, _))| names.iter().any(|n| comm.starts_with(n)))
+                .map(|(pid, (_, t))| (*pid, *t))
+                .collect::<std::collections::HashMap<u32, f64>>()
+        };
+        delta(&of(&self.broker), &of(&earlier.broker))
     }
 }
 

@@ -156,6 +156,32 @@ pub enum Sink {
     Memory,
     /// The Kafka-protocol broker.
     Kafka,
+    /// NATS JetStream.
+    Nats,
+    /// RabbitMQ.
+    RabbitMq,
+}
+
+impl Sink {
+    /// The command names of this sink's broker processes, for their CPU.
+    fn broker_processes(self) -> &'static [&'static str] {
+        match self {
+            Sink::Kafka => &["noida", "tansu"],
+            Sink::Nats => &["nats-server"],
+            Sink::RabbitMq => &["beam.smp"],
+            Sink::Null | Sink::Memory => &[],
+        }
+    }
+
+    /// The broker's name in the report.
+    pub fn broker(self) -> &'static str {
+        match self {
+            Sink::Kafka => "Kafka",
+            Sink::Nats => "NATS JetStream",
+            Sink::RabbitMq => "RabbitMQ",
+            Sink::Null | Sink::Memory => "",
+        }
+    }
 }
 
 /// One drain's figures.
@@ -168,7 +194,7 @@ pub struct Drain {
     pub pg_cpu: f64,
     /// CPU seconds of this process during the drain.
     pub bench_cpu: f64,
-    /// CPU seconds of the Kafka-protocol brokers during the drain.
+    /// CPU seconds of the sink's broker processes during the drain.
     pub broker_cpu: f64,
     /// (seconds since the start, events published so far), every 100 ms (ours only).
     pub series: Vec<(f64, u64)>,
@@ -285,14 +311,15 @@ pub fn fill_template(conn: &mut PgConnection, n: usize) -> f64 {
 }
 
 #[allow(clippy::too_many_arguments)]
-/// Drains the backlog with `relays` relays of ours; stops at `cap`.
+/// Drains the backlog with `relays` relays of ours; stops at `cap`. `broker` is the sink's
+/// address (Kafka's bootstrap servers, the NATS server, the RabbitMQ URI).
 pub async fn drain_ours(
     url: &str,
     mode: Mode,
     relays: usize,
     batch: usize,
     sink: Sink,
-    kafka: &str,
+    broker: &str,
     n: i64,
     cap: Duration,
 ) -> Drain {
@@ -325,15 +352,21 @@ pub async fn drain_ours(
     // (measured: 0.5–1.0 s on noida-db, against 2–3 ms for a batch of 1,000 once started), a
     // cost paid once per relay process that a 20,000-event drain would otherwise report as
     // half of its time. The null publisher has no such cost.
-    let mut kafka_publishers: Vec<_> = if sink == Sink::Kafka {
-        let mut ps = Vec::new();
-        for _ in 0..relays {
-            ps.push(warm_kafka_publisher(kafka).await);
+    // The other brokers' publishers likewise (their first publish connects, and finds or
+    // creates the stream or declares the exchange).
+    let mut kafka_publishers = Vec::new();
+    let mut nats_publishers = Vec::new();
+    let mut rabbitmq_publishers = Vec::new();
+    for _ in 0..relays {
+        match sink {
+            Sink::Kafka => kafka_publishers.push(warm_kafka_publisher(broker).await),
+            Sink::Nats => nats_publishers.push(crate::brokers::warm_nats_publisher(broker).await),
+            Sink::RabbitMq => {
+                rabbitmq_publishers.push(crate::brokers::warm_rabbitmq_publisher(broker).await)
+            }
+            Sink::Null | Sink::Memory => {}
         }
-        ps
-    } else {
-        Vec::new()
-    };
+    }
     let cpu0 = Cpu::now();
     let start = Instant::now();
     let mut handles = Vec::new();
@@ -369,6 +402,8 @@ pub async fn drain_ours(
             Sink::Null => spawn!(Null),
             Sink::Memory => spawn!(Arc::new(MemoryBroker::new())),
             Sink::Kafka => spawn!(kafka_publishers.pop().expect("one publisher per relay")),
+            Sink::Nats => spawn!(nats_publishers.pop().expect("one publisher per relay")),
+            Sink::RabbitMq => spawn!(rabbitmq_publishers.pop().expect("one publisher per relay")),
         }
     }
     let timeout = start + cap;
@@ -392,7 +427,7 @@ pub async fn drain_ours(
     let elapsed = start.elapsed().as_secs_f64();
     let cpu1 = Cpu::now();
     let (pg_cpu, bench_cpu) = cpu1.since(&cpu0);
-    let broker_cpu = cpu1.broker_since(&cpu0);
+    let broker_cpu = cpu1.broker_since(&cpu0, sink.broker_processes());
     stop.notify_waiters();
     for h in handles {
         let _ = h.await;
@@ -464,10 +499,10 @@ async fn warm_up_time(kafka: &str) -> String {
     format!("median {:.0} ms of 3 new producers", median(times))
 }
 
-/// The rate of the Kafka publisher alone, as text: 20,000 events in batches of 1,000 with 4
-/// batches in flight, the median of 3 runs.
-async fn publisher_alone(kafka: &str) -> String {
-    let publisher = Arc::new(warm_kafka_publisher(kafka).await);
+/// The rate of a warmed-up publisher alone, as text: 20,000 events of 1,000 aggregates in
+/// batches of 1,000 with 4 batches in flight, the median of 3 runs.
+async fn publisher_alone<P: Publisher>(publisher: P) -> String {
+    let publisher = Arc::new(publisher);
     let mut rates = Vec::new();
     for _ in 0..3 {
         let batches: Vec<Vec<OutboxMessage>> = (0..20)
@@ -687,11 +722,23 @@ impl Job {
                 batch,
                 sink,
             } => {
-                if sink == Sink::Kafka {
-                    ctx.fresh_broker();
-                }
+                let broker = match sink {
+                    Sink::Kafka => {
+                        ctx.fresh_broker();
+                        &ctx.kafka
+                    }
+                    Sink::Nats => {
+                        ctx.rt.block_on(crate::brokers::reset_nats(&ctx.nats));
+                        &ctx.nats
+                    }
+                    Sink::RabbitMq => {
+                        ctx.rt.block_on(crate::brokers::reset_rabbitmq(&ctx.amqp));
+                        &ctx.amqp
+                    }
+                    Sink::Null | Sink::Memory => "",
+                };
                 ctx.rt.block_on(drain_ours(
-                    &ctx.url, mode, relays, batch, sink, &ctx.kafka, backlog, cap,
+                    &ctx.url, mode, relays, batch, sink, broker, backlog, cap,
                 ))
             }
         }
@@ -751,14 +798,22 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             }
         }
     }
-    if !ctx.kafka.is_empty() {
+    let brokers = [
+        (Sink::Kafka, &ctx.kafka),
+        (Sink::Nats, &ctx.nats),
+        (Sink::RabbitMq, &ctx.amqp),
+    ];
+    for (sink, address) in brokers {
+        if address.is_empty() {
+            continue;
+        }
         for mode in modes {
             for &relays in &[1, 2] {
                 jobs.push(Job::Ours {
                     mode,
                     relays,
                     batch: 1000,
-                    sink: Sink::Kafka,
+                    sink,
                 });
             }
         }
@@ -828,19 +883,19 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             })
             .map(|i| drains[i].rate)
     };
-    let kafka_one = |mode: Mode| {
+    let one_relay = |mode: Mode, sink: Sink| {
         jobs.iter()
             .position(|j| {
                 *j == Job::Ours {
                     mode,
                     relays: 1,
                     batch: 1000,
-                    sink: Sink::Kafka,
+                    sink,
                 }
             })
             .map(|i| drains[i].rate)
     };
-    let mut kafka_rows = Vec::new();
+    let mut broker_rows: Vec<(Sink, String)> = Vec::new();
     for (job, d) in jobs.iter().zip(&drains) {
         let (what, mode, relays, batch, sink, vs) = match *job {
             Job::Textbook { relays } => (
@@ -886,16 +941,17 @@ pub fn section(ctx: &Ctx, md: &mut String) {
         let vs = vs.map_or("–".into(), |c| format!("{:.0} %", 100.0 * d.rate / c));
         let cpu = format!("{:.1} | {:.1}", d.pg_cpu, d.bench_cpu);
         let profile = d.profile.as_deref().unwrap_or("–");
-        let line = if let Job::Ours {
-            mode: m,
-            sink: Sink::Kafka,
-            ..
-        } = *job
-        {
+        let to_broker = match *job {
+            Job::Ours {
+                mode: m, sink: s, ..
+            } if !s.broker().is_empty() => Some((m, s)),
+            _ => None,
+        };
+        let line = if let Some((m, s)) = to_broker {
             let ratio =
                 |of: Option<f64>| of.map_or("–".into(), |r| format!("{:.2}×", d.rate / r));
             let vs_one = if relays > 1 {
-                ratio(kafka_one(m))
+                ratio(one_relay(m, s))
             } else {
                 "–".into()
             };
@@ -910,13 +966,19 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             )
         };
         println!("{line}");
-        if sink == "kafka" {
-            kafka_rows.push(line);
-        } else {
-            let _ = writeln!(md, "{line}");
+        match to_broker {
+            Some((_, s)) => broker_rows.push((s, line)),
+            None => {
+                let _ = writeln!(md, "{line}");
+            }
         }
     }
     stream_against_sharded(md, &jobs, &drains);
+    let kafka_rows: Vec<&String> = broker_rows
+        .iter()
+        .filter(|(s, _)| *s == Sink::Kafka)
+        .map(|(_, line)| line)
+        .collect();
     if !kafka_rows.is_empty() {
         let _ = writeln!(
             md,
@@ -939,7 +1001,9 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             },
             alone = {
                 ctx.fresh_broker();
-                ctx.rt.block_on(publisher_alone(&ctx.kafka))
+                ctx.rt.block_on(async {
+                    publisher_alone(warm_kafka_publisher(&ctx.kafka).await).await
+                })
             },
         );
         let _ = writeln!(
@@ -950,6 +1014,67 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             let _ = writeln!(md, "{line}");
         }
     }
+    for (sink, address, how) in [
+        (
+            Sink::Nats,
+            &ctx.nats,
+            "`outbox::nats::NatsPublisher` (each message acknowledged by the stream, \
+             `Nats-Msg-Id` set, an aggregate's next message sent once the previous one was \
+             acknowledged); the stream `bench_order` (file storage) is created by the first \
+             publish and purged before each drain",
+        ),
+        (
+            Sink::RabbitMq,
+            &ctx.amqp,
+            "`outbox::rabbitmq::RabbitMqPublisher` (publisher confirms, persistent, \
+             `mandatory`, an aggregate's next message sent once the previous one was \
+             confirmed) to the topic exchange `bench.order`, bound to a durable queue of the \
+             bench's own, purged before each drain",
+        ),
+    ] {
+        let rows: Vec<&String> = broker_rows
+            .iter()
+            .filter(|(s, _)| *s == sink)
+            .map(|(_, line)| line)
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "\n### To {} ({}), batch 1000\n",
+            sink.broker(),
+            crate::brokers::shown(address)
+        );
+        let _ = writeln!(
+            md,
+            "The same drains with {how}, each relay with its own publisher, built and warmed \
+             up by one publish before the clock starts. *vs null*: against the null-publisher \
+             drain of the same mode, relays and batch in this run; *vs 1 relay*: against the \
+             same mode's one-relay drain to this broker. Broker CPU: the broker's processes \
+             (`{}`). The publisher alone, with no database (20,000 events of 1,000 aggregates in \
+             batches of 1,000, 4 batches in flight, one warmed publisher): {alone}.\n",
+            sink.broker_processes().join("`, `"),
+            alone = ctx.rt.block_on(async {
+                if sink == Sink::Nats {
+                    crate::brokers::reset_nats(address).await;
+                    publisher_alone(crate::brokers::warm_nats_publisher(address).await).await
+                } else {
+                    crate::brokers::reset_rabbitmq(address).await;
+                    publisher_alone(crate::brokers::warm_rabbitmq_publisher(address).await).await
+                }
+            }),
+        );
+        let _ = writeln!(
+            md,
+            "| mode | relays | batch | events/s | vs null | vs 1 relay | vs SQL ceiling (same working relays, batch) | postgres CPU s | bench CPU s | broker CPU s | relay time: claim / publish / mark / beside publish |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for line in rows {
+            let _ = writeln!(md, "{line}");
+        }
+    }
+    ctx.rt
+        .block_on(crate::brokers::forget(&ctx.nats, &ctx.amqp));
 }
 
 /// The stream drains next to the sharded ones of the same relays, batch and publisher.

@@ -115,19 +115,21 @@ struct Run {
     acks: Acks,
 }
 
-/// One relay (Kafka), one writer committing one event per transaction at [`RATE`] for `dur`.
-fn run(ctx: &Ctx, listen: bool, mode: Mode, dur: Duration) -> Result<Run, String> {
-    let n = (RATE * dur.as_secs()) as usize;
-    let mut conn = PgConnection::establish(&ctx.url).map_err(|e| e.to_string())?;
-    crate::drain::clear_outbox(&mut conn);
-    outbox::notify::set_interval(listen.then_some(Duration::from_millis(100)));
-    ctx.fresh_broker();
-    let acks = Arc::new(Mutex::new(Acks::new(n)));
-    let kafka = outbox::kafka::KafkaPublisher::builder()
-        .brokers(ctx.kafka.as_str())
-        .topic_prefix("bench.")
-        .build()
-        .map_err(|e| e.to_string())?;
+/// Starts one relay in `mode` publishing through `publisher`, timed into `acks`; it stops
+/// when the sender returned is used or dropped.
+fn spawn_relay<P: Publisher>(
+    ctx: &Ctx,
+    listen: bool,
+    mode: Mode,
+    publisher: P,
+    acks: &Arc<Mutex<Acks>>,
+) -> Result<
+    (
+        tokio::task::JoinHandle<()>,
+        tokio::sync::oneshot::Sender<()>,
+    ),
+    String,
+> {
     let config = RelayConfig {
         relay_id: "bench-latency".into(),
         mode,
@@ -136,7 +138,7 @@ fn run(ctx: &Ctx, listen: bool, mode: Mode, dur: Duration) -> Result<Run, String
     let relay = Relay::new(
         PgRelayStore::new(&ctx.url).listen(listen),
         Timed {
-            inner: kafka,
+            inner: publisher,
             acks: acks.clone(),
         },
         config,
@@ -146,6 +148,51 @@ fn run(ctx: &Ctx, listen: bool, mode: Mode, dur: Duration) -> Result<Run, String
     let handle = ctx.rt.spawn(relay.run(async move {
         let _ = stopped.await;
     }));
+    Ok((handle, stop))
+}
+
+/// One relay (to `sink`'s broker), one writer committing one event per transaction at
+/// [`RATE`] for `dur`.
+fn run(ctx: &Ctx, sink: Sink, listen: bool, mode: Mode, dur: Duration) -> Result<Run, String> {
+    let n = (RATE * dur.as_secs()) as usize;
+    let mut conn = PgConnection::establish(&ctx.url).map_err(|e| e.to_string())?;
+    crate::drain::clear_outbox(&mut conn);
+    outbox::notify::set_interval(listen.then_some(Duration::from_millis(100)));
+    let acks = Arc::new(Mutex::new(Acks::new(n)));
+    let (handle, stop) = match sink {
+        Sink::Kafka => {
+            ctx.fresh_broker();
+            let kafka = outbox::kafka::KafkaPublisher::builder()
+                .brokers(ctx.kafka.as_str())
+                .topic_prefix("bench.")
+                .build()
+                .map_err(|e| e.to_string())?;
+            spawn_relay(ctx, listen, mode, kafka, &acks)?
+        }
+        Sink::Nats => {
+            ctx.rt.block_on(crate::brokers::reset_nats(&ctx.nats));
+            let nats = ctx
+                .rt
+                .block_on(
+                    outbox::nats::NatsPublisher::builder()
+                        .servers(&ctx.nats)
+                        .subject_prefix("bench.")
+                        .build(),
+                )
+                .map_err(|e| e.to_string())?;
+            spawn_relay(ctx, listen, mode, nats, &acks)?
+        }
+        Sink::RabbitMq => {
+            ctx.rt.block_on(crate::brokers::reset_rabbitmq(&ctx.amqp));
+            let rabbitmq = outbox::rabbitmq::RabbitMqPublisher::builder()
+                .uri(&ctx.amqp)
+                .exchange_prefix("bench.")
+                .build()
+                .map_err(|e| e.to_string())?;
+            spawn_relay(ctx, listen, mode, rabbitmq, &acks)?
+        }
+        Sink::Null | Sink::Memory => return Err("latency is measured to a broker".into()),
+    };
     let finish = |handle| {
         let _ = stop.send(());
         let _ = ctx.rt.block_on(handle);
@@ -248,6 +295,97 @@ fn run(ctx: &Ctx, listen: bool, mode: Mode, dur: Duration) -> Result<Run, String
         lat,
         acks,
     })
+}
+
+/// A run's figures as the last columns of a table row (its latencies sorted): rate, events,
+/// acknowledged, p50, p95, p99, max, the writers' lateness.
+fn figures(r: &mut Run) -> String {
+    r.lat.sort_by(f64::total_cmp);
+    let missing = r.n - r.acks.acked;
+    let mut acked = fmt_n(r.acks.acked as f64);
+    if missing > 0 {
+        let _ = write!(acked, " ({} missing)", fmt_n(missing as f64));
+    }
+    if r.acks.again + r.acks.failed + r.acks.unknown > 0 {
+        let _ = write!(
+            acked,
+            " ({} published again, {} failed deliveries, {} unknown)",
+            r.acks.again, r.acks.failed, r.acks.unknown
+        );
+    }
+    if r.early > 0 {
+        let _ = write!(
+            acked,
+            " ({} acked before their writer read the clock after COMMIT: counted as 0 ms)",
+            r.early
+        );
+    }
+    let behind = if r.late == 0 {
+        format!("never > 1 ms (max {:.2} ms)", r.max_lag.as_secs_f64() * 1e3)
+    } else {
+        format!(
+            "{} tx > 1 ms late, max {:.0} ms",
+            fmt_n(r.late as f64),
+            r.max_lag.as_secs_f64() * 1e3
+        )
+    };
+    format!(
+        "| {} | {} | {acked} | {:.1} | {:.1} | {:.1} | {:.1} | {behind} |",
+        fmt_n(r.rate),
+        fmt_n(r.n as f64),
+        pct(&r.lat, 50.0),
+        pct(&r.lat, 95.0),
+        pct(&r.lat, 99.0),
+        r.lat.last().copied().unwrap_or(f64::NAN),
+    )
+}
+
+/// The same run (LISTEN/NOTIFY, sharded) to NATS JetStream and RabbitMQ, as a table.
+fn other_brokers(ctx: &Ctx, md: &mut String, dur: Duration) {
+    let sinks: Vec<(Sink, &str)> = [
+        (Sink::Nats, ctx.nats.as_str()),
+        (Sink::RabbitMq, ctx.amqp.as_str()),
+    ]
+    .into_iter()
+    .filter(|(_, address)| !address.is_empty())
+    .collect();
+    if sinks.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n### COMMIT → broker ack, to NATS JetStream and RabbitMQ\n\nThe same writers, schedule \
+         and relay (LISTEN/NOTIFY, sharded, {} s each), publishing with \
+         `outbox::nats::NatsPublisher` (the ack instant: the stream's publish acknowledgement) \
+         and `outbox::rabbitmq::RabbitMqPublisher` (the broker's publisher confirm) to the \
+         machine's own servers, in the same run as the Kafka rows above.\n",
+        dur.as_secs()
+    );
+    let _ = writeln!(
+        md,
+        "| broker | wake-up | mode | rate achieved (events/s) | events | acked | p50 ms | p95 ms | p99 ms | max ms | writer behind schedule |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for (sink, address) in sinks {
+        eprintln!("latency: {sink:?} at {}", crate::brokers::shown(address));
+        let line = match run(ctx, sink, true, Mode::Sharded, dur) {
+            Ok(mut r) => format!(
+                "| {} | {} | {} {}",
+                sink.broker(),
+                wake(true),
+                mode_name(Mode::Sharded),
+                figures(&mut r)
+            ),
+            Err(e) => format!(
+                "| {} | {} | {} | failed: {e} | | | | | | | |",
+                sink.broker(),
+                wake(true),
+                mode_name(Mode::Sharded)
+            ),
+        };
+        println!("{line}");
+        let _ = writeln!(md, "{line}");
+    }
+    outbox::notify::set_interval(Some(Duration::from_millis(100)));
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -353,48 +491,13 @@ pub fn section(ctx: &Ctx, md: &mut String) {
         for &mode in &modes {
             for listen in [true, false] {
                 eprintln!("latency: {} {}", wake(listen), mode_name(mode));
-                match run(ctx, listen, mode, dur_of(listen)) {
+                match run(ctx, Sink::Kafka, listen, mode, dur_of(listen)) {
                     Ok(mut r) => {
-                        r.lat.sort_by(f64::total_cmp);
-                        let missing = r.n - r.acks.acked;
-                        let mut acked = fmt_n(r.acks.acked as f64);
-                        if missing > 0 {
-                            let _ = write!(acked, " ({} missing)", fmt_n(missing as f64));
-                        }
-                        if r.acks.again + r.acks.failed + r.acks.unknown > 0 {
-                            let _ = write!(
-                                acked,
-                                " ({} published again, {} failed deliveries, {} unknown)",
-                                r.acks.again, r.acks.failed, r.acks.unknown
-                            );
-                        }
-                        if r.early > 0 {
-                            let _ = write!(
-                                acked,
-                                " ({} acked before their writer read the clock after COMMIT: \
-                                 counted as 0 ms)",
-                                r.early
-                            );
-                        }
-                        let behind = if r.late == 0 {
-                            format!("never > 1 ms (max {:.2} ms)", r.max_lag.as_secs_f64() * 1e3)
-                        } else {
-                            format!(
-                                "{} tx > 1 ms late, max {:.0} ms",
-                                fmt_n(r.late as f64),
-                                r.max_lag.as_secs_f64() * 1e3
-                            )
-                        };
                         let line = format!(
-                            "| {} | {} | {} | {} | {acked} | {:.1} | {:.1} | {:.1} | {:.1} | {behind} |",
+                            "| {} | {} {}",
                             wake(r.listen),
                             mode_name(r.mode),
-                            fmt_n(r.rate),
-                            fmt_n(r.n as f64),
-                            pct(&r.lat, 50.0),
-                            pct(&r.lat, 95.0),
-                            pct(&r.lat, 99.0),
-                            r.lat.last().copied().unwrap_or(f64::NAN),
+                            figures(&mut r)
                         );
                         println!("{line}");
                         let _ = writeln!(md, "{line}");
@@ -462,6 +565,7 @@ pub fn section(ctx: &Ctx, md: &mut String) {
             |path| plot::latency_histogram(path, &title, &hist),
         );
     }
+    other_brokers(ctx, md, if quick { Duration::from_secs(20) } else { dur });
     drain_plot(ctx, md);
 }
 

@@ -3,6 +3,7 @@
 //! docs/BENCHMARKS.md.
 
 mod broker;
+mod brokers;
 mod cluster;
 mod common;
 mod drain;
@@ -44,6 +45,12 @@ struct Args {
     /// it is; empty skips the Kafka sections.
     #[arg(long, default_value = "private")]
     kafka: String,
+    /// NATS server with JetStream for the drains to NATS; empty (or unreachable) skips them.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats: String,
+    /// RabbitMQ URI for the drains to RabbitMQ; empty (or unreachable) skips them.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    amqp: String,
     /// Where to write the report (the PNG plots go next to it).
     #[arg(long, default_value = "docs/BENCHMARKS.md")]
     out: String,
@@ -186,6 +193,19 @@ fn main() {
         "" => (None, String::new(), "none (`--kafka \"\"`)".to_string()),
         given => (None, given.to_string(), format!("{given}, as it was")),
     };
+    // The other brokers: the machine's own, skipped (and said so) when nothing answers.
+    let other = |url: &str, what: &str| {
+        if url.is_empty() || brokers::reachable(url) {
+            url.to_owned()
+        } else {
+            eprintln!(
+                "{what}: nothing answers at {}; skipping its drains",
+                brokers::shown(url)
+            );
+            String::new()
+        }
+    };
+    let (nats, amqp) = (other(&args.nats, "NATS"), other(&args.amqp, "RabbitMQ"));
     let mut ctx = Ctx {
         quick,
         url: url.clone(),
@@ -193,6 +213,8 @@ fn main() {
         mysql_server: args.mysql.clone(),
         kafka,
         broker,
+        nats,
+        amqp,
         out_dir,
         plot_prefix,
         rt,
