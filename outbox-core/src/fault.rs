@@ -1,13 +1,13 @@
 //! Fault classes: is an error the infrastructure's (an outage: wait and retry, for as long as
 //! it takes) or the message's own (poison: count attempts, then dead-letter)?
 //!
-//! The consumer runtime ([`KafkaConsumer`](crate::kafka::KafkaConsumer)) classifies every
+//! The consumer runtime (under `KafkaConsumer`, `NatsConsumer` and `RabbitMqConsumer`) classifies every
 //! handler error with [`classify`]: it walks the error and its [`source`](Error::source)
 //! chain from the outside in, and the first link that something recognises decides:
 //!
 //! 1. the markers [`Transient`] and [`Permanent`], which a handler returns (or puts in its
 //!    error's chain) to say it itself;
-//! 2. the classifiers given to the consumer's builder (`KafkaConsumerBuilder::classifier`);
+//! 2. the classifiers given to the consumer's builder (`.classifier(...)`);
 //! 3. the classifiers other crates register in [`CLASSIFIERS`]: the Diesel store registers one
 //!    for `diesel::result::Error` (by its kind, and where Diesel keeps no SQLSTATE or MySQL
 //!    error number, by the server's whole message or the fixed text before any value, never

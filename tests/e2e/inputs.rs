@@ -51,6 +51,7 @@ fn relay(args: &[&str], env: &[(&str, Option<&str>)]) -> (bool, String) {
 const ENV_VARS: &[(&str, ())] = &[
     ("DATABASE_URL", ()),
     ("KAFKA_BROKERS", ()),
+    ("OUTBOX_BROKER", ()),
     ("OUTBOX_MODE", ()),
     ("OUTBOX_BATCH_SIZE", ()),
     ("OUTBOX_POLL_INTERVAL_MS", ()),
@@ -202,6 +203,38 @@ fn empty_brokers_name_the_flag_and_variable() {
         ],
         &[],
         "no Kafka brokers: --brokers / KAFKA_BROKERS is overridden by an empty --kafka-config bootstrap.servers",
+    );
+}
+
+/// `--broker`'s scheme names the broker; one broker is given, not two or none; the Kafka-only
+/// flags are refused with another broker; no password is printed.
+#[test]
+fn the_broker_is_named_once_by_its_scheme() {
+    let db = "/nonexistent/never-opened.db";
+    assert_refused(
+        &[
+            "--database-url",
+            db,
+            "--broker",
+            "redis://app:hunter2@cache:6379",
+        ],
+        &[],
+        "--broker / OUTBOX_BROKER `redis://app:***@cache:6379`: the scheme names the broker: kafka://, nats:// (or tls://), amqp:// (or amqps://)",
+    );
+    assert_refused(
+        &["--database-url", db, "--broker", "nats://n:4222"],
+        &[("KAFKA_BROKERS", Some("k:9092"))],
+        "both --broker / OUTBOX_BROKER and --brokers / KAFKA_BROKERS are given: keep one",
+    );
+    assert_refused(
+        &["--database-url", db],
+        &[],
+        "no broker: give --broker / OUTBOX_BROKER (kafka://host:9092, nats://host:4222 or amqp://user:password@host:5672/vhost), or Kafka's --brokers / KAFKA_BROKERS",
+    );
+    assert_refused(
+        &["--database-url", db, "--kafka-config", "linger.ms=5"],
+        &[("OUTBOX_BROKER", Some("amqp://relay:hunter2@r:5672/%2f"))],
+        "--kafka-config, --kafka-config-file and OUTBOX_KAFKA_CONFIG are librdkafka settings: they do not apply to rabbitmq amqp://relay:***@r:5672/%2f",
     );
 }
 

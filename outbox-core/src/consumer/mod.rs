@@ -3,12 +3,12 @@
 //! Dispatch by event type, the fault classes of [`crate::fault`] (an outage is retried until
 //! it passes, poison is counted and dead-lettered), key parking behind a dead letter, the
 //! dead-letter record, the per-message span and the counters live here; a broker adapter
-//! (Kafka's [`KafkaConsumer`](crate::kafka::KafkaConsumer), feature `kafka`) supplies only the
-//! transport: it receives messages, acknowledges them once their handler's transaction
-//! committed, holds back delivery while a message waits between attempts, and writes dead
-//! letters. As rdkafka's `Consumer` trait sits over its two consumers, one runtime sits over
-//! every adapter, so that each broker behaves the same way (see `CONTRIBUTING.md`, "Adding a
-//! broker").
+//! (`kafka::KafkaConsumer`, `nats::NatsConsumer`, `rabbitmq::RabbitMqConsumer`, each behind
+//! its feature) supplies only the transport: it receives messages, acknowledges them once
+//! their handler's transaction committed, holds back delivery while a message waits between
+//! attempts, and writes dead letters. As rdkafka's `Consumer` trait sits over its two
+//! consumers, one runtime sits over every adapter, so that each broker behaves the same way
+//! (see `CONTRIBUTING.md`, "Adding a broker").
 //!
 //! The public part is what a consumer is configured and observed with: the policies
 //! ([`AfterDeadLetter`], [`UndecodablePolicy`], [`UnhandledPolicy`], [`NewerVersionPolicy`]),

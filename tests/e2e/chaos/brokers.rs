@@ -9,7 +9,10 @@
 //! - RabbitMQ: the machine's broker (`OUTBOX_TEST_AMQP_URL`, default
 //!   `amqp://guest:guest@127.0.0.1:5672/%2f`). A queue of the test's, bound to the topic's
 //!   exchange before any relay starts ([`prepare`]), is read live by a thread of its own, which
-//!   stamps each message with the time it arrived (AMQP's own timestamp is in whole seconds).
+//!   stamps each message with the time it arrived (AMQP's own timestamp is in whole seconds,
+//!   and RabbitMQ 3.10 stamps none of its own): so RabbitMQ's "commit → publish" is commit →
+//!   delivered to the reader, the broker's queueing included. The reader takes deliveries
+//!   without acknowledgements (`no_ack`), so that it is never what holds them back.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -242,8 +245,8 @@ async fn read_nats(
 mod rabbit {
     use super::*;
     use lapin::options::{
-        BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-        QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+        BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+        QueueDeclareOptions, QueueDeleteOptions,
     };
     use lapin::types::{AMQPValue, FieldTable};
     use lapin::{Connection, ConnectionProperties, ExchangeKind};
@@ -310,7 +313,10 @@ mod rabbit {
                     .basic_consume(
                         queue.as_str().into(),
                         "chaos-reader".into(),
-                        BasicConsumeOptions::default(),
+                        BasicConsumeOptions {
+                            no_ack: true,
+                            ..Default::default()
+                        },
                         FieldTable::default(),
                     )
                     .await
@@ -341,7 +347,6 @@ mod rabbit {
                         timestamp_ms: Some(now),
                     });
                     offset += 1;
-                    let _ = delivery.ack(BasicAckOptions::default()).await;
                 }
                 let _ = connection.close(200, "done".into()).await;
             });

@@ -59,9 +59,11 @@ pub fn render(rows: &[Row], setting: &Setting, old: Option<&str>) -> String {
     let _ = writeln!(md, "# Reliability\n");
     let _ = writeln!(
         md,
-        "What the fault suite (tests/e2e/chaos) measured: real PostgreSQL, real Kafka-protocol \
-         brokers (noida-db; a private tansu behind a TCP proxy where the broker is broken), the \
-         real `outbox relay` binary, and a real Kafka consumer reading everything back.\n"
+        "What the fault suite (tests/e2e/chaos) measured: real PostgreSQL, real brokers, the \
+         real `outbox relay` binary, and each broker's own client reading everything back. \
+         Kafka: Kafka-protocol brokers (noida-db; a private tansu behind a TCP proxy where the \
+         broker is broken). NATS JetStream and RabbitMQ: the machine's servers, behind a TCP \
+         proxy of the scenario's where the broker is broken (rows named after them).\n"
     );
     let _ = writeln!(
         md,
@@ -94,11 +96,13 @@ pub fn render(rows: &[Row], setting: &Setting, old: Option<&str>) -> String {
          **out of order**: per aggregate, an event first delivered after a later one; \
          **dead-lettered** (of which delivered anyway); **blocked**: pending behind a dead letter \
          of its aggregate.\n\
-         - **commit → publish**: from the writer's clock when `COMMIT` returned to the Kafka \
-         record's timestamp of its first delivery. The timestamp is CreateTime, set by the \
-         relay's librdkafka producer when it sends the record (the brokers here do not offer \
-         LogAppendTime); with a healthy broker the acknowledgement follows within milliseconds. \
-         Same machine, same clock.\n"
+         - **commit → publish**: from the writer's clock when `COMMIT` returned to the \
+         broker's time of the event's first delivery. Kafka: the record's CreateTime, set by \
+         the relay's librdkafka producer when it sends the record (the brokers here do not \
+         offer LogAppendTime); with a healthy broker the acknowledgement follows within \
+         milliseconds. NATS: the time the stream stored the message. RabbitMQ (which stamps no \
+         time of its own): the time a reader of a queue bound to the exchange received it, \
+         the broker's queueing included. Same machine, same clock.\n"
     );
     let _ = writeln!(
         md,
