@@ -255,6 +255,21 @@ async fn each_aggregate_is_stored_in_order() {
     assert_eq!(last.len(), 50);
 }
 
+/// A stream deleted by an operator while the publisher runs: the next batch finds no stream
+/// (an outage for that batch, nothing `Failed`), and the one after creates it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_stream_is_created_again() {
+    let topic = Topic::new("deleted").await;
+    let publisher = publisher().await;
+    let first = publisher.publish(&[placed(&topic.name, "1", 0)]).await;
+    assert_eq!(first, [Delivery::Published]);
+    topic.js.delete_stream(&topic.name).await.unwrap();
+    let gone = publisher.publish(&[placed(&topic.name, "1", 1)]).await;
+    assert!(gone[0].is_outage(), "{gone:?}");
+    let again = publisher.publish(&[placed(&topic.name, "1", 1)]).await;
+    assert_eq!(again, [Delivery::Published]);
+}
+
 /// No server: every message is an outage (never `Failed`), within the acknowledgement
 /// timeout, and `ready` says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

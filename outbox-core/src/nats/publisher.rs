@@ -136,8 +136,9 @@ impl NatsPublisher {
         missing
     }
 
-    /// Publishes one message and awaits its acknowledgement.
-    async fn send(&self, subject: String, msg: &OutboxMessage) -> Delivery {
+    /// Publishes one message of `topic` and awaits its acknowledgement. A stream gone since it
+    /// was found (deleted by an operator) is looked for again, or created, at the next batch.
+    async fn send(&self, topic: &str, subject: String, msg: &OutboxMessage) -> Delivery {
         let headers = match headers(msg) {
             Ok(headers) => headers,
             Err(why) => return Delivery::Failed(why),
@@ -151,7 +152,15 @@ impl NatsPublisher {
         };
         match acked {
             Ok(_) => Delivery::Published,
-            Err(e) => classify(&subject, &e, self.ack_timeout),
+            Err(e) => {
+                if matches!(e.kind(), PublishErrorKind::StreamNotFound) {
+                    self.streams
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(topic);
+                }
+                classify(&subject, &e, self.ack_timeout)
+            }
         }
     }
 }
@@ -215,7 +224,7 @@ impl Publisher for NatsPublisher {
             async move {
                 match stream {
                     Some(why) => Delivery::Unavailable(why),
-                    None => self.send(subject, msg).await,
+                    None => self.send(topic, subject, msg).await,
                 }
             }
         })
