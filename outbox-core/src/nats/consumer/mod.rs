@@ -15,7 +15,7 @@ use transport::NatsTransport;
 
 /// A NATS JetStream consumer for outbox events, with a handler per event type.
 ///
-/// It behaves as [`KafkaConsumer`](crate::kafka::KafkaConsumer) does (the same runtime):
+/// It behaves as `kafka::KafkaConsumer` does (the same runtime):
 /// dispatch by event type, an outage retried until it passes, poison retried then
 /// dead-lettered, the later messages of a dead-lettered key parked behind it, and a message
 /// acknowledged only once its handler's transaction committed (or the inbox recognised it,

@@ -43,6 +43,9 @@ pub(crate) struct PullSettings {
     pub(crate) max_ack_pending: i64,
 }
 
+/// Every topic's pull consumer, read as one stream.
+type Merged = SelectAll<BoxStream<'static, Result<NatsMessage, String>>>;
+
 /// Messages delivered and not yet acknowledged: their reply subjects, to tell JetStream they
 /// are still in progress.
 type Outstanding = Arc<Mutex<HashMap<String, Instant>>>;
@@ -56,8 +59,7 @@ pub(crate) struct NatsTransport {
     pub(super) dead_letters: DeadLetterSubject,
     pub(super) pull: PullSettings,
     /// The topics' messages, once their consumers exist; rebuilt after an error.
-    messages:
-        tokio::sync::Mutex<Option<SelectAll<BoxStream<'static, Result<NatsMessage, String>>>>>,
+    messages: tokio::sync::Mutex<Option<Merged>>,
     outstanding: Outstanding,
     /// Dead-letter subject prefixes whose stream was found or created.
     dead_letter_streams: tokio::sync::Mutex<HashSet<String>>,
@@ -89,9 +91,7 @@ impl NatsTransport {
 
     /// Finds or creates each topic's stream and the group's durable consumer on it, and reads
     /// them as one stream.
-    async fn subscribe(
-        &self,
-    ) -> Result<SelectAll<BoxStream<'static, Result<NatsMessage, String>>>, String> {
+    async fn subscribe(&self) -> Result<Merged, String> {
         let mut all = SelectAll::new();
         for topic in &self.topics {
             let stream_name = streams::ensure(&self.jetstream, topic).await?;
