@@ -96,6 +96,70 @@ fn a_relay_started_without_a_broker_says_so_in_one_line_naming_it() {
     );
 }
 
+/// The same for NATS and RabbitMQ (`--broker`): the relay's start-up check fails within its
+/// 10 s, naming the address without the password.
+#[test]
+fn every_broker_unreachable_at_start_is_named_without_its_password() {
+    let db = TestDatabase::sqlite("unreachable_brokers");
+    for (url, shown) in [
+        (
+            format!("nats://relay:hunter2@127.0.0.1:{}", free_port()),
+            "nats://relay:***@127.0.0.1:",
+        ),
+        (
+            format!("amqp://relay:hunter2@127.0.0.1:{}/%2f", free_port()),
+            "amqp://relay:***@127.0.0.1:",
+        ),
+    ] {
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let mut child = Command::new(outbox_bin())
+            .args([
+                "relay",
+                "--database-url",
+                &db.url,
+                "--relay-id",
+                "unreachable",
+            ])
+            .env("OUTBOX_BROKER", &url)
+            .env_remove("KAFKA_BROKERS")
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log.reopen().unwrap()))
+            .spawn()
+            .expect("the outbox binary runs");
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the relay neither started nor stopped: {:?}",
+                lines(&log)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let lines = lines(&log);
+        eprintln!(
+            "{url}: {} lines, {status}:\n{}",
+            lines.len(),
+            lines.join("\n")
+        );
+        assert!(!status.success());
+        assert!(
+            lines
+                .last()
+                .is_some_and(|l| l.starts_with("error: ") && l.contains(shown)),
+            "the last line names the address: {lines:?}"
+        );
+        assert!(
+            !lines.iter().any(|l| l.contains("hunter2")),
+            "no password: {lines:?}"
+        );
+        assert!(lines.len() <= 6, "a short log: {lines:?}");
+    }
+}
+
 #[test]
 fn a_broker_lost_while_relaying_is_named_and_the_log_stays_short() {
     let broker = CuttableBroker::start();

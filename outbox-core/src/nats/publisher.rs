@@ -245,17 +245,23 @@ impl Publisher for NatsPublisher {
     /// (a server without JetStream has no responder for it).
     async fn ready(&self, timeout: Duration) -> Result<(), NotReady> {
         let asked = self.client.request("$JS.API.INFO", Vec::new().into());
-        match tokio::time::timeout(timeout, asked).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(NotReady::new(format!(
-                "JetStream at {} did not answer: {e}",
-                self.servers
-            ))),
-            Err(_) => Err(NotReady::new(format!(
-                "no NATS server answered at {} within {timeout:?}",
-                self.servers
-            ))),
+        let answer = tokio::time::timeout(timeout, asked).await;
+        if matches!(answer, Ok(Ok(_))) {
+            return Ok(());
         }
+        if self.client.connection_state() != State::Connected {
+            return Err(NotReady::new(format!(
+                "cannot reach NATS at {} within {timeout:?}",
+                self.servers
+            )));
+        }
+        Err(NotReady::new(match answer {
+            Ok(Err(e)) => format!("JetStream at {} did not answer: {e}", self.servers),
+            _ => format!(
+                "JetStream at {} did not answer within {timeout:?}",
+                self.servers
+            ),
+        }))
     }
 }
 

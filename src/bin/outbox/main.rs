@@ -595,8 +595,12 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 // librdkafka's log and errors are rate-limited by the publisher (a line of a
                 // kind at most once per 30 s): its warnings name the unreachable brokers.
+                // async-nats logs every reconnect attempt at `info`; the NATS publisher logs
+                // connection changes itself, its errors rate-limited alike.
                 .unwrap_or_else(|_| {
-                    tracing_subscriber::EnvFilter::new("info,librdkafka=warn,rdkafka::client=warn")
+                    tracing_subscriber::EnvFilter::new(
+                        "info,librdkafka=warn,rdkafka::client=warn,async_nats=warn",
+                    )
                 }),
         )
         .with_writer(std::io::stderr)
