@@ -31,7 +31,9 @@ use crate::support::*;
 
 const AGGREGATES: i64 = 1_000;
 const PER_AGGREGATE: i64 = 20;
-const DEADLINE: Duration = Duration::from_secs(150);
+/// A guard against a hang, not a speed target: beside the test command's other tests and
+/// compilers the 20,000 handler transactions (one at a time) have run at under 100 a second.
+const DEADLINE: Duration = Duration::from_secs(480);
 
 fn amqp_url() -> String {
     std::env::var("OUTBOX_TEST_AMQP_URL")

@@ -47,7 +47,7 @@ impl Broker {
             .split_once("://")
             .map(|(scheme, _)| scheme.to_ascii_lowercase());
         let rest = url.split_once("://").map_or("", |(_, rest)| rest);
-        let empty = rest.trim_matches([',', '/', ' ']).is_empty();
+        let empty = scheme.is_some() && rest.trim_matches([',', '/', ' ']).is_empty();
         match scheme.as_deref() {
             _ if empty => Err(Fatal(format!(
                 "--broker / OUTBOX_BROKER `{}` names no server",
