@@ -1,8 +1,5 @@
 //! What one [`OutboxMessage`] becomes on the wire: its topic and its headers.
 
-use std::fmt;
-use std::sync::Arc;
-
 use rdkafka::message::{Header, OwnedHeaders};
 
 use crate::relay::{OutboxMessage, wire_headers};
@@ -22,42 +19,13 @@ pub(crate) fn headers(msg: &OutboxMessage) -> OwnedHeaders {
     )
 }
 
-type TopicFn = dyn Fn(&OutboxMessage) -> String + Send + Sync;
-
-/// Chooses the topic of a message: a user function or [`OutboxMessage::topic`], then a prefix.
-#[derive(Clone, Default)]
-pub(crate) struct Router {
-    pub(crate) prefix: String,
-    pub(crate) map: Option<Arc<TopicFn>>,
-}
-
-impl Router {
-    pub(crate) fn topic(&self, msg: &OutboxMessage) -> String {
-        let base = match &self.map {
-            Some(map) => map(msg),
-            None => msg.topic().to_owned(),
-        };
-        if self.prefix.is_empty() {
-            base
-        } else {
-            format!("{}{base}", self.prefix)
-        }
-    }
-}
-
-impl fmt::Debug for Router {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Router")
-            .field("prefix", &self.prefix)
-            .field("map", &self.map.as_ref().map(|_| "fn"))
-            .finish()
-    }
-}
+pub(crate) use crate::relay::Router;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use chrono::TimeZone;
+    use std::sync::Arc;
 
     pub(crate) fn message() -> OutboxMessage {
         OutboxMessage {

@@ -18,14 +18,12 @@ use super::error::NatsConfigError;
 use super::streams;
 use super::subject::subject_token;
 use crate::relay::{
-    Delivery, NotReady, OutboxMessage, Publisher, publish_in_key_order, wire_headers,
+    Delivery, NotReady, OutboxMessage, Publisher, Router, publish_in_key_order, wire_headers,
 };
 
 /// Extra time, past the acknowledgement timeout, that a publish may take: the client's own
 /// queue, and the stream lookups of a batch's new topics.
 const GRACE: Duration = Duration::from_secs(2);
-
-type TopicFn = dyn Fn(&OutboxMessage) -> String + Send + Sync;
 
 /// Publishes outbox messages to NATS JetStream, awaiting each publish acknowledgement.
 ///
@@ -51,8 +49,7 @@ pub struct NatsPublisher {
     jetstream: jetstream::Context,
     /// The servers, passwords redacted.
     servers: String,
-    prefix: String,
-    map: Option<Arc<TopicFn>>,
+    router: Router,
     ack_timeout: Duration,
     create_streams: bool,
     /// Topics (prefixed) whose stream was found or created.
@@ -95,15 +92,6 @@ impl NatsPublisher {
     /// The subject of `msg` on `topic` (prefixed): `<topic>.<aggregate id as a token>`.
     fn subject(&self, topic: &str, msg: &OutboxMessage) -> String {
         format!("{topic}.{}", subject_token(&msg.aggregate_id))
-    }
-
-    /// The topic of `msg`, mapped and prefixed.
-    fn topic(&self, msg: &OutboxMessage) -> String {
-        let base = match &self.map {
-            Some(map) => map(msg),
-            None => msg.topic().to_owned(),
-        };
-        format!("{}{base}", self.prefix)
     }
 
     /// Finds (or creates) the stream of every topic of the batch not seen yet; the topics
@@ -214,7 +202,7 @@ impl Publisher for NatsPublisher {
     /// messages in order, one at a time, and the aggregates side by side
     /// ([`publish_in_key_order`]).
     async fn publish(&self, batch: &[OutboxMessage]) -> Vec<Delivery> {
-        let topics: Vec<String> = batch.iter().map(|msg| self.topic(msg)).collect();
+        let topics: Vec<String> = batch.iter().map(|msg| self.router.topic(msg)).collect();
         let missing = self.ensure_streams(&topics).await;
         let (topics, missing) = (&topics, &missing);
         publish_in_key_order(batch, |i, msg| {
@@ -269,7 +257,7 @@ impl fmt::Debug for NatsPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsPublisher")
             .field("servers", &self.servers)
-            .field("prefix", &self.prefix)
+            .field("router", &self.router)
             .field("ack_timeout", &self.ack_timeout)
             .field("create_streams", &self.create_streams)
             .finish_non_exhaustive()
@@ -280,8 +268,7 @@ impl fmt::Debug for NatsPublisher {
 #[must_use = "a builder does nothing until `.build()`"]
 pub struct NatsPublisherBuilder {
     servers: String,
-    prefix: String,
-    map: Option<Arc<TopicFn>>,
+    router: Router,
     ack_timeout: Duration,
     create_streams: bool,
     name: String,
@@ -291,8 +278,7 @@ impl Default for NatsPublisherBuilder {
     fn default() -> Self {
         NatsPublisherBuilder {
             servers: String::new(),
-            prefix: String::new(),
-            map: None,
+            router: Router::default(),
             ack_timeout: Duration::from_secs(10),
             create_streams: true,
             name: "outbox-relay".to_owned(),
@@ -304,7 +290,7 @@ impl fmt::Debug for NatsPublisherBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsPublisherBuilder")
             .field("servers", &streams::redacted(&self.servers))
-            .field("prefix", &self.prefix)
+            .field("router", &self.router)
             .field("ack_timeout", &self.ack_timeout)
             .field("create_streams", &self.create_streams)
             .finish_non_exhaustive()
@@ -331,7 +317,7 @@ impl NatsPublisherBuilder {
     /// # drop(builder);
     /// ```
     pub fn subject_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
+        self.router.prefix = prefix.into();
         self
     }
 
@@ -347,7 +333,7 @@ impl NatsPublisherBuilder {
         mut self,
         map: impl Fn(&OutboxMessage) -> String + Send + Sync + 'static,
     ) -> Self {
-        self.map = Some(Arc::new(map));
+        self.router.map = Some(Arc::new(map));
         self
     }
 
@@ -415,8 +401,7 @@ impl NatsPublisherBuilder {
             client,
             jetstream,
             servers: streams::redacted(&self.servers),
-            prefix: self.prefix,
-            map: self.map,
+            router: self.router,
             ack_timeout: self.ack_timeout,
             create_streams: self.create_streams,
             streams: Mutex::new(HashSet::new()),

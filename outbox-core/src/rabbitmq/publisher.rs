@@ -142,7 +142,7 @@ impl RabbitMqPublisher {
     /// # Ok(()) }
     /// ```
     pub fn exchange_of(&self, msg: &OutboxMessage) -> String {
-        self.router.exchange(msg)
+        self.router.topic(msg)
     }
 
     /// The confirm timeout the publisher was built with.
@@ -357,7 +357,7 @@ impl RabbitMqPublisher {
     /// Publishes one message and awaits its confirm; a message the broker may have refused
     /// for itself is sent again with no other message in flight, to know.
     async fn send(&self, msg: &OutboxMessage) -> Delivery {
-        let exchange = self.router.exchange(msg);
+        let exchange = self.router.topic(msg);
         let out = match outgoing(&exchange, msg) {
             Ok(out) => out,
             Err(why) => {

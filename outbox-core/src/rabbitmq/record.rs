@@ -1,9 +1,6 @@
 //! What one [`OutboxMessage`] becomes on the wire: its exchange, its routing key and its
 //! properties.
 
-use std::fmt;
-use std::sync::Arc;
-
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
@@ -44,38 +41,14 @@ pub(crate) fn outgoing(exchange: &str, msg: &OutboxMessage) -> Result<Outgoing, 
     })
 }
 
-type ExchangeFn = dyn Fn(&OutboxMessage) -> String + Send + Sync;
-
 /// Chooses the exchange of a message: a user function or [`OutboxMessage::topic`], then a
 /// prefix.
-#[derive(Clone, Default)]
-pub(crate) struct Router {
-    pub(crate) prefix: String,
-    pub(crate) map: Option<Arc<ExchangeFn>>,
-}
-
-impl Router {
-    pub(crate) fn exchange(&self, msg: &OutboxMessage) -> String {
-        let base = match &self.map {
-            Some(map) => map(msg),
-            None => msg.topic().to_owned(),
-        };
-        format!("{}{base}", self.prefix)
-    }
-}
-
-impl fmt::Debug for Router {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Router")
-            .field("prefix", &self.prefix)
-            .field("map", &self.map.as_ref().map(|_| "fn"))
-            .finish()
-    }
-}
+pub(crate) use crate::relay::Router;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn message(aggregate_id: &str) -> OutboxMessage {
         OutboxMessage {
@@ -140,7 +113,7 @@ mod tests {
     #[test]
     fn exchanges_are_routed_then_prefixed() {
         let mut msg = message("42");
-        assert_eq!(Router::default().exchange(&msg), "order");
+        assert_eq!(Router::default().topic(&msg), "order");
         msg.topic = Some("orders-v2".into());
         let mapped = Router {
             prefix: "prod.".into(),
@@ -148,6 +121,6 @@ mod tests {
                 format!("{}.events", m.aggregate_type)
             })),
         };
-        assert_eq!(mapped.exchange(&msg), "prod.order.events");
+        assert_eq!(mapped.topic(&msg), "prod.order.events");
     }
 }

@@ -18,6 +18,8 @@ pub mod limits;
 mod memory;
 mod metrics;
 mod publisher;
+#[cfg(any(feature = "kafka", feature = "nats", feature = "rabbitmq"))]
+mod router;
 mod share;
 mod stats;
 mod store;
@@ -37,6 +39,8 @@ pub use key_order::publish_in_key_order;
 pub use memory::{MemoryBroker, MemoryRow, MemoryStore, Record, test_message};
 pub use metrics::{METRICS, describe_metrics};
 pub use publisher::{Delivery, NotReady, OutboxMessage, Publisher};
+#[cfg(any(feature = "kafka", feature = "nats", feature = "rabbitmq"))]
+pub(crate) use router::Router;
 pub use share::{Share, fair_share, share};
 pub use stats::RelayStats;
 pub use store::{
