@@ -386,6 +386,8 @@ fn other_brokers(ctx: &Ctx, md: &mut String, dur: Duration) {
         let _ = writeln!(md, "{line}");
     }
     outbox::notify::set_interval(Some(Duration::from_millis(100)));
+    ctx.rt
+        .block_on(crate::brokers::forget(&ctx.nats, &ctx.amqp));
 }
 
 /// Nearest-rank percentile of sorted values.

@@ -90,6 +90,31 @@ fn assert_each_aggregate_in_order(what: &str, positions: &[(i64, i64)]) {
     );
 }
 
+/// Deletes the topic's streams (the events', the dead letters') when dropped, also when the
+/// test fails.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let topic = self.0.clone();
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                if let Ok(client) = async_nats::connect(nats_url()).await {
+                    let js = jetstream::new(client);
+                    for name in [topic.clone(), format!("{topic}-dlt")] {
+                        let _ = js.delete_stream(outbox::nats::stream_name(&name)).await;
+                    }
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_thousand_events_through_nats_applied_once_in_order() {
     let started = Instant::now();
@@ -97,6 +122,7 @@ async fn twenty_thousand_events_through_nats_applied_once_in_order() {
     let sink = with_effects_async::<AsyncPgConnection>(TestDatabase::postgres("nats_sink")).await;
     let suffix = uuid::Uuid::now_v7().simple().to_string();
     let (topic, group) = (format!("outbox-e2e-{suffix}"), format!("billing-{suffix}"));
+    let _cleanup = Cleanup(topic.clone());
 
     // The consumer, one connection to the sink (no fsync per message: the test is about
     // order and duplicates, not the sink's durability). It creates the topic's stream.
@@ -230,8 +256,5 @@ async fn twenty_thousand_events_through_nats_applied_once_in_order() {
     }
     assert_each_aggregate_in_order("the stream", &positions);
 
-    for name in [topic.clone(), format!("{topic}-dlt")] {
-        let _ = js.delete_stream(outbox::nats::stream_name(&name)).await;
-    }
     println!("{total} events through NATS in {elapsed:?}");
 }

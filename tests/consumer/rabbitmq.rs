@@ -118,6 +118,46 @@ fn assert_each_aggregate_in_order(what: &str, positions: &[(i64, i64)]) {
     );
 }
 
+/// Deletes the test's queues and exchanges when dropped, also when the test fails.
+struct Cleanup {
+    queues: Vec<String>,
+    exchanges: Vec<String>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (queues, exchanges) = (self.queues.clone(), self.exchanges.clone());
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let Ok(rabbit) =
+                    lapin::Connection::connect(&amqp_url(), ConnectionProperties::default()).await
+                else {
+                    return;
+                };
+                let Ok(channel) = rabbit.create_channel().await else {
+                    return;
+                };
+                for q in &queues {
+                    let _ = channel
+                        .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                        .await;
+                }
+                for e in &exchanges {
+                    let _ = channel
+                        .exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())
+                        .await;
+                }
+                let _ = rabbit.close(200, "done".into()).await;
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_thousand_events_through_rabbitmq_applied_once_in_order() {
     let started = Instant::now();
@@ -130,6 +170,10 @@ async fn twenty_thousand_events_through_rabbitmq_applied_once_in_order() {
         format!("outbox-e2e-audit-{suffix}"),
     );
     let queue = format!("{group}.{topic}");
+    let _cleanup = Cleanup {
+        queues: vec![queue.clone(), audit.clone(), format!("{topic}.dlt")],
+        exchanges: vec![topic.clone(), format!("{topic}.dlt")],
+    };
 
     // The exchange, the consumer's queue (as the consumer declares it) and lapin's own queue,
     // bound before anything is published.
@@ -261,15 +305,5 @@ async fn twenty_thousand_events_through_rabbitmq_applied_once_in_order() {
     }
     assert_each_aggregate_in_order("the audit queue", &positions);
 
-    for q in [&queue, &audit, &format!("{topic}.dlt")] {
-        let _ = channel
-            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
-    for e in [&topic, &format!("{topic}.dlt")] {
-        let _ = channel
-            .exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())
-            .await;
-    }
     println!("{total} events through RabbitMQ in {elapsed:?}");
 }
