@@ -115,6 +115,22 @@ pub fn url(url: &str) -> Cow<'_, str> {
     }
 }
 
+/// A comma-separated list of URLs (a NATS server list, say), each as [`url`] shows it.
+///
+/// ```
+/// use outbox_core::redact::urls;
+/// assert_eq!(
+///     urls("nats://a:s3cret@n1:4222, nats://n2:4222"),
+///     "nats://a:***@n1:4222,nats://n2:4222"
+/// );
+/// ```
+pub fn urls(list: &str) -> String {
+    list.split(',')
+        .map(|one| url(one.trim()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A libpq keyword string (`host=db password=x`) with secret keywords' values hidden, quoted
 /// values (`password='a b'`) included.
 fn keywords(s: &str) -> Cow<'_, str> {

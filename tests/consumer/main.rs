@@ -26,6 +26,8 @@ mod inbox_suite;
 mod nats;
 #[cfg(all(feature = "kafka", feature = "postgres"))]
 mod outage;
+#[cfg(all(any(feature = "nats", feature = "rabbitmq"), feature = "postgres"))]
+mod pipeline;
 #[cfg(all(feature = "rabbitmq", feature = "postgres"))]
 mod rabbitmq;
 #[cfg(feature = "kafka")]

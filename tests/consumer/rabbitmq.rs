@@ -9,11 +9,10 @@
 //! cargo nextest run --features rabbitmq,postgres --test consumer rabbitmq
 //! ```
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use diesel::Connection;
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
@@ -21,39 +20,17 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{ConnectionProperties, ExchangeKind};
-use outbox::prelude::*;
 use outbox::rabbitmq::{RabbitMqConsumer, RabbitMqPublisher};
 use outbox::relay::{Mode, PgRelayStore, Relay, RelayConfig};
-use outbox::{Envelope, idempotent};
+use outbox::Envelope;
 
 use crate::conns::*;
+use crate::pipeline::*;
 use crate::support::*;
-
-const AGGREGATES: i64 = 1_000;
-const PER_AGGREGATE: i64 = 20;
-/// A guard against a hang, not a speed target: beside the test command's other tests and
-/// compilers the 20,000 handler transactions (one at a time) have run at under 100 a second.
-const DEADLINE: Duration = Duration::from_secs(480);
 
 fn amqp_url() -> String {
     std::env::var("OUTBOX_TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-}
-
-/// The event's position in its aggregate travels as `total_cents`; the effect records it.
-#[idempotent(consumer = "billing")]
-async fn apply(
-    conn: &mut AsyncPgConnection,
-    event: Envelope<OrderCreated>,
-) -> Result<(), AppError> {
-    conn.effect(
-        "billing",
-        &event.inbox_key(),
-        event.order_id,
-        event.total_cents,
-    )
-    .await?;
-    Ok(())
 }
 
 /// Declares `name` as `durable`, with `args`, bound to `exchange` with `#`.
@@ -77,45 +54,6 @@ async fn bound_queue(channel: &lapin::Channel, name: &str, exchange: &str, args:
         )
         .await
         .unwrap();
-}
-
-fn pending_in(url: &str) -> i64 {
-    use diesel::RunQueryDsl;
-    let mut conn = diesel::PgConnection::establish(url).unwrap();
-    diesel::sql_query(
-        "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at IS NULL AND dead_at IS NULL",
-    )
-    .get_result::<Count>(&mut conn)
-    .unwrap()
-    .n
-}
-
-/// (order id, position) of every effect, in the order they were written.
-async fn effects_in_order(conn: &mut AsyncPgConnection) -> Vec<(i64, i64)> {
-    use diesel::ExpressionMethods;
-    use diesel::QueryDsl;
-    use diesel_async::RunQueryDsl;
-    effects::table
-        .order(effects::n.asc())
-        .select((effects::order_id, effects::amount))
-        .load(conn)
-        .await
-        .unwrap()
-}
-
-/// Fails unless each aggregate's positions are exactly `0..PER_AGGREGATE`, in order.
-fn assert_each_aggregate_in_order(what: &str, positions: &[(i64, i64)]) {
-    let mut next: HashMap<i64, i64> = HashMap::new();
-    for &(order_id, position) in positions {
-        let expected = next.entry(order_id).or_default();
-        assert_eq!(position, *expected, "{what}: order {order_id} out of order");
-        *expected += 1;
-    }
-    assert_eq!(next.len() as i64, AGGREGATES, "{what}: every aggregate");
-    assert!(
-        next.values().all(|n| *n == PER_AGGREGATE),
-        "{what}: every event once"
-    );
 }
 
 /// Deletes the test's queues and exchanges when dropped, also when the test fails.
@@ -245,26 +183,7 @@ async fn twenty_thousand_events_through_rabbitmq_applied_once_in_order() {
     }
 
     // The writer: position k of every aggregate, 100 aggregates per transaction.
-    let writer_url = source.url.clone();
-    let writer = std::thread::spawn(move || {
-        let mut conn = diesel::PgConnection::establish(&writer_url).unwrap();
-        for position in 0..PER_AGGREGATE {
-            for first in (1..=AGGREGATES).step_by(100) {
-                conn.transaction_with_outbox(|tx| {
-                    for order_id in first..first + 100 {
-                        let event = OrderCreated {
-                            order_id,
-                            total_cents: position,
-                        };
-                        tx.publish(&event)?;
-                    }
-                    Ok::<_, AppError>(())
-                })
-                .unwrap();
-            }
-        }
-    });
-    writer.join().unwrap();
+    write_positions(&source.url);
 
     let total = (AGGREGATES * PER_AGGREGATE) as u64;
     let deadline = Instant::now() + DEADLINE;

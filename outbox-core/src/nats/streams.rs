@@ -96,11 +96,7 @@ impl EventLog {
 
 /// `servers` with any password replaced by `***`.
 pub(crate) fn redacted(servers: &str) -> String {
-    servers
-        .split(',')
-        .map(|s| crate::redact::url(s.trim()).into_owned())
-        .collect::<Vec<_>>()
-        .join(",")
+    crate::redact::urls(servers)
 }
 
 /// The stream that holds `topic`'s subjects (`<topic>.>`): the one that captures them, else a

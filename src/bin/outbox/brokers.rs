@@ -88,8 +88,8 @@ impl Broker {
     pub(crate) fn describe(&self) -> String {
         match self {
             Broker::Kafka(brokers) => format!("kafka {brokers}"),
-            Broker::Nats(servers) => format!("nats {}", redacted(servers)),
-            Broker::RabbitMq(uri) => format!("rabbitmq {}", redacted(uri)),
+            Broker::Nats(servers) => format!("nats {}", outbox::redact::urls(servers)),
+            Broker::RabbitMq(uri) => format!("rabbitmq {}", outbox::redact::urls(uri)),
         }
     }
 
@@ -106,14 +106,6 @@ impl Broker {
         }
         Ok(())
     }
-}
-
-/// Comma-separated URLs, each with its password redacted.
-fn redacted(urls: &str) -> String {
-    urls.split(',')
-        .map(|url| outbox::redact::url(url.trim()).into_owned())
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// The Kafka publisher of `outbox relay`, and a builder for the `/readyz` probe's own.

@@ -401,36 +401,41 @@ async fn relay(args: RelayArgs) -> Result<(), Fatal> {
             .await
         }
         Broker::Nats(servers) => {
-            let publisher = std::sync::Arc::new(brokers::nats(&args, servers).await?);
+            let publisher = brokers::nats(&args, servers).await?;
             let publish_timeout = publisher.publish_timeout();
-            let probe = publisher.clone();
-            relay_to(
-                args,
-                backend,
-                url,
-                &broker,
-                publisher,
-                move || Ok(probe),
-                publish_timeout,
-            )
-            .await
+            relay_shared(args, backend, url, &broker, publisher, publish_timeout).await
         }
         Broker::RabbitMq(uri) => {
-            let publisher = std::sync::Arc::new(brokers::rabbitmq(&args, uri)?);
+            let publisher = brokers::rabbitmq(&args, uri)?;
             let publish_timeout = publisher.publish_timeout();
-            let probe = publisher.clone();
-            relay_to(
-                args,
-                backend,
-                url,
-                &broker,
-                publisher,
-                move || Ok(probe),
-                publish_timeout,
-            )
-            .await
+            relay_shared(args, backend, url, &broker, publisher, publish_timeout).await
         }
     }
+}
+
+/// [`relay_to`] with one publisher, shared by the relay and the `/readyz` probe (NATS and
+/// RabbitMQ answer a probe on the relay's own connection; Kafka's probe has a producer of
+/// its own).
+async fn relay_shared<P: Publisher>(
+    args: RelayArgs,
+    backend: Backend,
+    url: String,
+    broker: &Broker,
+    publisher: P,
+    publish_timeout: Duration,
+) -> Result<(), Fatal> {
+    let publisher = std::sync::Arc::new(publisher);
+    let probe = publisher.clone();
+    relay_to(
+        args,
+        backend,
+        url,
+        broker,
+        publisher,
+        move || Ok(probe),
+        publish_timeout,
+    )
+    .await
 }
 
 /// The relay to `broker` through `publisher`, whose publishes take at most
