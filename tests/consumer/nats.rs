@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, consumer::AckPolicy, consumer::PullConsumer, consumer::pull};
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::StreamExt;
+use outbox::Envelope;
 use outbox::nats::{NatsConsumer, NatsPublisher};
 use outbox::relay::{Mode, PgRelayStore, Relay, RelayConfig};
-use outbox::Envelope;
 
 use crate::conns::*;
 use crate::pipeline::*;

@@ -20,9 +20,9 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{ConnectionProperties, ExchangeKind};
+use outbox::Envelope;
 use outbox::rabbitmq::{RabbitMqConsumer, RabbitMqPublisher};
 use outbox::relay::{Mode, PgRelayStore, Relay, RelayConfig};
-use outbox::Envelope;
 
 use crate::conns::*;
 use crate::pipeline::*;
