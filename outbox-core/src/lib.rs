@@ -9,6 +9,8 @@
 #[cfg(any(feature = "relay", feature = "consumer"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "relay", feature = "consumer"))))]
 pub mod backoff;
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+mod broker_tls;
 pub mod catalog;
 pub mod claim_check;
 #[cfg(feature = "consumer")]

@@ -238,6 +238,62 @@ fn the_broker_is_named_once_by_its_scheme() {
     );
 }
 
+/// The NATS and RabbitMQ TLS files: refused with Kafka, read before anything connects, and
+/// each fault named by its flag and path; a TLS file beside a plain `amqp://` URI is refused.
+#[test]
+fn broker_tls_files_are_checked_and_named_by_their_flags() {
+    let db = "/nonexistent/never-opened.db";
+    let dir = tempfile::tempdir().unwrap();
+    let not_pem = dir.path().join("ca.txt");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    let not_pem = not_pem.to_str().unwrap();
+    assert_refused(
+        &[
+            "--database-url",
+            db,
+            "--brokers",
+            "k:9092",
+            "--broker-ca-file",
+            not_pem,
+        ],
+        &[],
+        "--broker-ca-file, --broker-cert-file and --broker-key-file are for NATS and RabbitMQ: give Kafka's TLS files as ssl.ca.location, ssl.certificate.location and ssl.key.location in --kafka-config-file",
+    );
+    assert_refused(
+        &["--database-url", db, "--broker", "tls://n:4222"],
+        &[("OUTBOX_BROKER_CA_FILE", Some("/nonexistent/ca.pem"))],
+        "invalid `tls_ca_file`: cannot read `/nonexistent/ca.pem`: No such file or directory (os error 2) (check --broker-ca-file / OUTBOX_BROKER_CA_FILE)",
+    );
+    assert_refused(
+        &[
+            "--database-url",
+            db,
+            "--broker",
+            "amqps://relay:hunter2@r:5671/%2f",
+            "--broker-ca-file",
+            not_pem,
+        ],
+        &[],
+        &format!(
+            "invalid `tls_ca_file`: `{not_pem}` holds no PEM certificate (`-----BEGIN CERTIFICATE-----`) (check --broker-ca-file / OUTBOX_BROKER_CA_FILE)"
+        ),
+    );
+    assert_refused(
+        &[
+            "--database-url",
+            db,
+            "--broker",
+            "amqp://relay:hunter2@r:5672/%2f",
+            "--broker-cert-file",
+            not_pem,
+            "--broker-key-file",
+            not_pem,
+        ],
+        &[],
+        "invalid `tls_client_cert`: TLS files need an `amqps://` URI, and amqp://relay:***@r:5672/%2f is not one (check --broker-cert-file and --broker-key-file)",
+    );
+}
+
 /// The overflowing retention once deleted a published row two hours old: now the relay does
 /// not start, and the row is still there.
 #[test]

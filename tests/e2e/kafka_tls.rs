@@ -41,14 +41,15 @@ const SASL_PASSWORD: &str = "hunter2-sasl";
 const SECRETS: [&str; 2] = [KEY_PASSWORD, SASL_PASSWORD];
 
 /// A CA, a server certificate it signed for `127.0.0.1` and `localhost`, a client certificate
-/// it signed (its key encrypted with [`KEY_PASSWORD`]), and a second CA with a server
-/// certificate of its own: PEM files in a temporary directory.
-struct Pki {
-    dir: tempfile::TempDir,
+/// it signed (its key in `client.key` encrypted with [`KEY_PASSWORD`], in `client-plain.key`
+/// not), and a second CA with a server certificate of its own: PEM files in a temporary
+/// directory.
+pub(crate) struct Pki {
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Pki {
-    fn new() -> Pki {
+    pub(crate) fn new() -> Pki {
         let dir = tempfile::Builder::new()
             .prefix("outbox-e2e-kafka-tls-")
             .tempdir()
@@ -98,18 +99,17 @@ impl Pki {
             "openssl pkcs8: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        std::fs::remove_file(dir.path().join("client-plain.key")).unwrap();
         Pki { dir }
     }
 
-    fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         self.dir.path().join(name).display().to_string()
     }
 }
 
-/// Which certificate stunnel presents.
+/// Which certificate a server presents.
 #[derive(Clone, Copy)]
-enum ServerCert {
+pub(crate) enum ServerCert {
     /// Signed by the CA the clients trust.
     Trusted,
     /// Signed by another CA.
@@ -173,41 +173,16 @@ impl TlsKafka {
     /// (Re)starts stunnel on the same port, presenting `cert`.
     fn serve(&mut self, pki: &Pki, cert: ServerCert) {
         self.stop_stunnel();
-        let (crt, key) = match cert {
-            ServerCert::Trusted => ("server.crt", "server.key"),
-            ServerCert::Rogue => ("rogue.crt", "rogue.key"),
-        };
-        let mut conf = format!(
-            "foreground = yes\npid =\n[kafka]\naccept = 127.0.0.1:{}\nconnect = 127.0.0.1:{}\n\
-             cert = {}\nkey = {}\n",
+        let upstream = format!("127.0.0.1:{}", self.tansu_port);
+        let stunnel = stunnel(
+            pki,
+            self.work.path(),
             self.port,
-            self.tansu_port,
-            pki.path(crt),
-            pki.path(key)
+            &upstream,
+            cert,
+            self.client_certs,
         );
-        if self.client_certs {
-            conf.push_str(&format!(
-                "CAfile = {}\nverifyChain = yes\nrequireCert = yes\n",
-                pki.path("ca.pem")
-            ));
-        }
-        let path = self.work.path().join("stunnel.conf");
-        std::fs::write(&path, conf).unwrap();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.work.path().join("stunnel.log"))
-            .unwrap();
-        self.stunnel = Some(
-            Command::new("stunnel4")
-                .arg(&path)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(log))
-                .spawn()
-                .expect("stunnel4 runs (Debian: stunnel4)"),
-        );
-        wait_port(self.port);
+        self.stunnel = Some(stunnel);
     }
 
     fn stop_stunnel(&mut self) {
@@ -231,6 +206,58 @@ impl TlsKafka {
             read("tansu.log").unwrap_or_default()
         )
     }
+}
+
+impl ServerCert {
+    /// The certificate's and its key's file names in the [`Pki`].
+    pub(crate) fn files(self) -> (&'static str, &'static str) {
+        match self {
+            ServerCert::Trusted => ("server.crt", "server.key"),
+            ServerCert::Rogue => ("rogue.crt", "rogue.key"),
+        }
+    }
+}
+
+/// stunnel in the foreground, terminating TLS on `127.0.0.1:accept` with `cert` and forwarding
+/// to `upstream` (`host:port`); with `client_certs`, refusing a client without a certificate
+/// of the CA. It logs to `stunnel.log` in `work`; the caller kills it. Returns once it listens.
+pub(crate) fn stunnel(
+    pki: &Pki,
+    work: &Path,
+    accept: u16,
+    upstream: &str,
+    cert: ServerCert,
+    client_certs: bool,
+) -> Child {
+    let (crt, key) = cert.files();
+    let mut conf = format!(
+        "foreground = yes\npid =\n[tls]\naccept = 127.0.0.1:{accept}\nconnect = {upstream}\n\
+         cert = {}\nkey = {}\n",
+        pki.path(crt),
+        pki.path(key)
+    );
+    if client_certs {
+        conf.push_str(&format!(
+            "CAfile = {}\nverifyChain = yes\nrequireCert = yes\n",
+            pki.path("ca.pem")
+        ));
+    }
+    let path = work.join("stunnel.conf");
+    std::fs::write(&path, conf).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(work.join("stunnel.log"))
+        .unwrap();
+    let child = Command::new("stunnel4")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("stunnel4 runs (Debian: stunnel4)");
+    wait_port(accept);
+    child
 }
 
 impl Drop for TlsKafka {
@@ -281,7 +308,7 @@ fn relay(
 }
 
 /// Waits for `child` to exit (at most 60 s, its start-up check takes 10); returns its status.
-fn exit_of(child: &mut Child) -> std::process::ExitStatus {
+pub(crate) fn exit_of(child: &mut Child) -> std::process::ExitStatus {
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -296,7 +323,7 @@ fn exit_of(child: &mut Child) -> std::process::ExitStatus {
 }
 
 /// Writes orders `ids` beside a running relay (SQLite: waits for its writes).
-fn write_orders(url: &str, ids: std::ops::Range<i64>) {
+pub(crate) fn write_orders(url: &str, ids: std::ops::Range<i64>) {
     let mut conn = diesel::SqliteConnection::establish(url).unwrap();
     diesel::connection::SimpleConnection::batch_execute(&mut conn, "PRAGMA busy_timeout = 5000")
         .unwrap();
@@ -313,7 +340,7 @@ fn write_orders(url: &str, ids: std::ops::Range<i64>) {
 }
 
 /// How many events match `filter` (an SQL condition on `outbox_events`).
-fn count(url: &str, filter: &str) -> i64 {
+pub(crate) fn count(url: &str, filter: &str) -> i64 {
     let mut conn = diesel::SqliteConnection::establish(url).unwrap();
     diesel::connection::SimpleConnection::batch_execute(&mut conn, "PRAGMA busy_timeout = 5000")
         .unwrap();
@@ -325,14 +352,14 @@ fn count(url: &str, filter: &str) -> i64 {
     .n
 }
 
-const PENDING: &str = "published_at IS NULL AND dead_at IS NULL";
+pub(crate) const PENDING: &str = "published_at IS NULL AND dead_at IS NULL";
 
 /// Once all are published: a dead letter, or an event claimed more than once that counted
 /// the claims (a claim counts an attempt; one given back after an outage is uncounted).
-const UNEXPECTED: &str = "dead_at IS NOT NULL OR attempts <> 1";
+pub(crate) const UNEXPECTED: &str = "dead_at IS NOT NULL OR attempts <> 1";
 
 /// Waits until nothing is pending, or fails after 60 s with the relay's log and `more()`.
-fn wait_published(url: &str, log: &Path, more: &dyn Fn() -> String) {
+pub(crate) fn wait_published(url: &str, log: &Path, more: &dyn Fn() -> String) {
     let start = Instant::now();
     while count(url, PENDING) > 0 {
         assert!(

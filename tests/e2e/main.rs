@@ -12,6 +12,7 @@ mod private_postgres;
 #[path = "../integration/support.rs"]
 mod support;
 
+mod broker_tls;
 mod chaos;
 mod faults;
 mod harness;

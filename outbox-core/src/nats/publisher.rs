@@ -17,6 +17,7 @@ use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use super::error::NatsConfigError;
 use super::streams;
 use super::subject::subject_token;
+use crate::broker_tls::{TlsFiles, tls_methods};
 use crate::relay::{
     Delivery, NotReady, OutboxMessage, Publisher, Router, publish_in_key_order, wire_headers,
 };
@@ -54,6 +55,9 @@ pub struct NatsPublisher {
     create_streams: bool,
     /// Topics (prefixed) whose stream was found or created.
     streams: Mutex<HashSet<String>>,
+    /// The client's connection events, and how it connects: why it cannot, for `ready`.
+    events: Arc<streams::EventLog>,
+    recipe: streams::Recipe,
 }
 
 impl NatsPublisher {
@@ -197,6 +201,9 @@ fn classify(subject: &str, error: &PublishError, timeout: Duration) -> Delivery 
     }
 }
 
+/// How long `ready` gives its own connection attempt once the client's has failed.
+const DIAGNOSE_TIMEOUT: Duration = Duration::from_secs(3);
+
 impl Publisher for NatsPublisher {
     /// Finds or creates the streams of the batch's new topics, then publishes each aggregate's
     /// messages in order, one at a time, and the aggregates side by side
@@ -238,10 +245,18 @@ impl Publisher for NatsPublisher {
             return Ok(());
         }
         if self.client.connection_state() != State::Connected {
-            return Err(NotReady::new(format!(
-                "cannot reach NATS at {} within {timeout:?}",
-                self.servers
-            )));
+            // The client's events say "IO error" where a connection of our own says why.
+            let why = match self.recipe.diagnose(DIAGNOSE_TIMEOUT).await {
+                Some(why) => Some(why),
+                None => self.events.last_error(),
+            };
+            return Err(NotReady::new(match why {
+                Some(why) => format!(
+                    "cannot reach NATS at {} within {timeout:?}: {why}",
+                    self.servers
+                ),
+                None => format!("cannot reach NATS at {} within {timeout:?}", self.servers),
+            }));
         }
         Err(NotReady::new(match answer {
             Ok(Err(e)) => format!("JetStream at {} did not answer: {e}", self.servers),
@@ -272,6 +287,7 @@ pub struct NatsPublisherBuilder {
     ack_timeout: Duration,
     create_streams: bool,
     name: String,
+    tls: TlsFiles,
 }
 
 impl Default for NatsPublisherBuilder {
@@ -282,6 +298,7 @@ impl Default for NatsPublisherBuilder {
             ack_timeout: Duration::from_secs(10),
             create_streams: true,
             name: "outbox-relay".to_owned(),
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -293,6 +310,7 @@ impl fmt::Debug for NatsPublisherBuilder {
             .field("router", &self.router)
             .field("ack_timeout", &self.ack_timeout)
             .field("create_streams", &self.create_streams)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -374,6 +392,12 @@ impl NatsPublisherBuilder {
         self
     }
 
+    tls_methods!(
+        "outbox_core::nats::NatsPublisher::builder()",
+        "They replace the system's roots (which are trusted without this file: the operating system's store, or `SSL_CERT_FILE` / `SSL_CERT_DIR`).",
+        "With either, TLS is required of every server, whether its URL says `nats://` or `tls://`."
+    );
+
     /// Checks the settings and starts connecting in the background: a server that is down
     /// now is an outage the relay waits out, not an error. Call it inside a Tokio runtime.
     ///
@@ -392,7 +416,11 @@ impl NatsPublisherBuilder {
                 reason: "must be longer than zero".into(),
             });
         }
-        let client = streams::connect(&self.servers, &self.name, self.ack_timeout).await?;
+        let streams::Connected {
+            client,
+            events,
+            recipe,
+        } = streams::connect(&self.servers, &self.name, self.ack_timeout, &self.tls).await?;
         let jetstream = jetstream::ContextBuilder::new()
             .timeout(self.ack_timeout)
             .backpressure_on_inflight(true)
@@ -405,6 +433,8 @@ impl NatsPublisherBuilder {
             ack_timeout: self.ack_timeout,
             create_streams: self.create_streams,
             streams: Mutex::new(HashSet::new()),
+            events,
+            recipe,
         })
     }
 }

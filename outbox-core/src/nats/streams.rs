@@ -9,15 +9,75 @@ use async_nats::jetstream::stream;
 
 use super::error::NatsConfigError;
 use super::subject::{stream_name, wildcard};
+use crate::broker_tls::TlsFiles;
+
+/// A client connected in the background, with what it needs to explain a failure.
+pub(crate) struct Connected {
+    pub(crate) client: async_nats::Client,
+    /// The client's connection events (the publisher's `ready` reads them).
+    #[cfg_attr(not(feature = "relay"), allow(dead_code))]
+    pub(crate) events: Arc<EventLog>,
+    /// How it connects, for [`Recipe::diagnose`].
+    #[cfg_attr(not(feature = "relay"), allow(dead_code))]
+    pub(crate) recipe: Recipe,
+}
+
+/// The servers and the options of a connection.
+pub(crate) struct Recipe {
+    addresses: Vec<async_nats::ServerAddr>,
+    name: String,
+    api_timeout: Duration,
+    tls: TlsFiles,
+}
+
+impl Recipe {
+    fn options(&self) -> async_nats::ConnectOptions {
+        let mut options = async_nats::ConnectOptions::new()
+            .name(&self.name)
+            .request_timeout(Some(self.api_timeout));
+        if let Some(ca) = &self.tls.ca {
+            options = options.add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &self.tls.client {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        options.require_tls(self.tls.is_set())
+    }
+
+    /// One connection attempt of its own, without retries: why the servers cannot be
+    /// reached, with the cause (e.g. `invalid peer certificate: UnknownIssuer`), which the
+    /// retrying client's events leave out. `None` if it connects or takes over `timeout`.
+    #[cfg_attr(not(feature = "relay"), allow(dead_code))]
+    pub(crate) async fn diagnose(&self, timeout: Duration) -> Option<String> {
+        let attempt = self
+            .options()
+            .connection_timeout(timeout)
+            .connect(self.addresses.clone());
+        match tokio::time::timeout(timeout, attempt).await {
+            Ok(Err(e)) => Some(e.to_string()),
+            Ok(Ok(client)) => {
+                drop(client.drain().await);
+                None
+            }
+            Err(_) => None,
+        }
+    }
+}
 
 /// Connects to `servers` (comma-separated URLs) in the background: the client retries the
 /// first connection and every later one for as long as it lives, so that a server down at
-/// start-up is an outage like any other. Only a malformed address fails here.
+/// start-up is an outage like any other. Only a malformed address or TLS file fails here.
+/// With TLS files, TLS is required whatever the URLs' scheme.
 pub(crate) async fn connect(
     servers: &str,
     name: &str,
     api_timeout: Duration,
-) -> Result<async_nats::Client, NatsConfigError> {
+    tls: &TlsFiles,
+) -> Result<Connected, NatsConfigError> {
+    tls.load().map_err(|e| NatsConfigError::InvalidOption {
+        option: e.option.into(),
+        reason: e.reason,
+    })?;
     let addresses = servers
         .split(',')
         .map(str::trim)
@@ -38,22 +98,35 @@ pub(crate) async fn connect(
             reason: "no server: give at least one, e.g. `nats://127.0.0.1:4222`".into(),
         });
     }
+    let recipe = Recipe {
+        addresses,
+        name: name.to_owned(),
+        api_timeout,
+        tls: tls.clone(),
+    };
     let shown = redacted(servers);
-    let log = Arc::new(EventLog::default());
-    async_nats::ConnectOptions::new()
-        .name(name)
+    let events = Arc::new(EventLog::default());
+    let client = recipe
+        .options()
         .retry_on_initial_connect()
-        .request_timeout(Some(api_timeout))
-        .event_callback(move |event| {
-            log.record(&shown, &event);
-            std::future::ready(())
+        .event_callback({
+            let events = events.clone();
+            move |event| {
+                events.record(&shown, &event);
+                std::future::ready(())
+            }
         })
-        .connect(addresses)
+        .connect(recipe.addresses.clone())
         .await
         .map_err(|e| NatsConfigError::InvalidOption {
             option: "servers".into(),
             reason: format!("cannot connect: {}", e.kind()),
-        })
+        })?;
+    Ok(Connected {
+        client,
+        events,
+        recipe,
+    })
 }
 
 /// How often at most a client error (a refused or failed connection attempt, repeated while
@@ -65,20 +138,41 @@ const ERROR_EVERY: Duration = Duration::from_secs(30);
 /// also logs each event at `info` under its own target, once per reconnect attempt: the
 /// `outbox` binary's default filter keeps `async_nats` at `warn`.)
 #[derive(Default)]
-struct EventLog {
+pub(crate) struct EventLog {
     /// When the last error line was written, and how many errors were left out since.
     errors: Mutex<(Option<Instant>, u64)>,
+    /// The last client or server error, e.g. why the connection cannot be made.
+    last_error: Mutex<Option<String>>,
 }
 
 impl EventLog {
+    /// The last client or server error since the connection was last made.
+    #[cfg_attr(not(feature = "relay"), allow(dead_code))]
+    pub(crate) fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     fn record(&self, servers: &str, event: &async_nats::Event) {
         use async_nats::Event;
         match event {
-            Event::Connected => tracing::info!(servers, "connected to NATS"),
+            Event::Connected => {
+                *self
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = None;
+                tracing::info!(servers, "connected to NATS")
+            }
             Event::Disconnected => {
                 tracing::warn!(servers, "disconnected from NATS; reconnecting")
             }
             Event::ServerError(_) | Event::ClientError(_) => {
+                *self
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(event.to_string());
                 let mut errors = self.errors.lock().unwrap_or_else(PoisonError::into_inner);
                 let (last, left_out) = &mut *errors;
                 if last.is_none_or(|at| at.elapsed() >= ERROR_EVERY) {

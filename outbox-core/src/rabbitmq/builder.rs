@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use lapin::ExchangeKind;
 
-use super::error::{RabbitMqConfigError, check_uri};
+use super::error::{RabbitMqConfigError, check_endpoint};
 use super::publisher::RabbitMqPublisher;
 use super::record::Router;
+use crate::broker_tls::{TlsFiles, tls_methods};
 use crate::redact;
 use crate::relay::OutboxMessage;
 
@@ -43,6 +44,7 @@ pub struct RabbitMqPublisherBuilder {
     exchange_kind: ExchangeKind,
     confirm_timeout: Duration,
     connection_name: String,
+    tls: TlsFiles,
 }
 
 impl Default for RabbitMqPublisherBuilder {
@@ -53,6 +55,7 @@ impl Default for RabbitMqPublisherBuilder {
             exchange_kind: ExchangeKind::Topic,
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
             connection_name: "outbox-relay".to_owned(),
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -66,6 +69,7 @@ impl std::fmt::Debug for RabbitMqPublisherBuilder {
             .field("exchange_kind", &self.exchange_kind)
             .field("confirm_timeout", &self.confirm_timeout)
             .field("connection_name", &self.connection_name)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -157,7 +161,13 @@ impl RabbitMqPublisherBuilder {
         self
     }
 
-    /// Checks the options. It does not connect: the publisher connects on its first publish
+    tls_methods!(
+        "outbox_core::rabbitmq::RabbitMqPublisher::builder()",
+        "They are trusted besides the system's roots (the operating system's store, or `SSL_CERT_FILE` / `SSL_CERT_DIR`).",
+        "Either needs an `amqps://` [`uri`](Self::uri) and the feature `rabbitmq-tls`."
+    );
+
+    /// Checks the options and reads the TLS files. It does not connect: the publisher connects on its first publish
     /// (or [`ready`](crate::relay::Publisher::ready)), and again after a connection is lost.
     ///
     /// ```
@@ -172,7 +182,7 @@ impl RabbitMqPublisherBuilder {
                 "a publisher needs a broker: call `.uri(\"amqp://user:password@host:5672/%2f\")`",
             )
         })?;
-        check_uri(&uri)?;
+        let tls = check_endpoint(&uri, &self.tls)?;
         if self.confirm_timeout.is_zero() {
             return Err(RabbitMqConfigError::option(
                 "confirm_timeout",
@@ -181,6 +191,7 @@ impl RabbitMqPublisherBuilder {
         }
         Ok(RabbitMqPublisher::new(
             uri,
+            tls,
             self.router,
             self.exchange_kind,
             self.confirm_timeout,

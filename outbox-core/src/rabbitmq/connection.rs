@@ -3,8 +3,11 @@
 use std::time::Duration;
 
 use lapin::options::ConfirmSelectOptions;
+use lapin::runtime::default_runtime;
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::{Channel, Connection, ConnectionProperties};
 
+use crate::broker_tls::TlsPem;
 use crate::redact;
 
 /// The least time between two connection attempts: a broker that is down is not asked more
@@ -12,14 +15,26 @@ use crate::redact;
 pub(crate) const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
 
 /// Connects to `uri` within `timeout`, naming the connection `name` (shown in the management
-/// UI). The error names the URI without its password.
+/// UI), with the TLS files' CA and client certificate for an `amqps://` URI. The error names
+/// the URI without its password.
 pub(crate) async fn connect(
     uri: &str,
+    tls: &TlsPem,
     name: &str,
     timeout: Duration,
 ) -> Result<Connection, String> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    match tokio::time::timeout(timeout, Connection::connect(uri, properties)).await {
+    let config = OwnedTLSConfig {
+        cert_chain: tls.ca.clone(),
+        identity: tls.client.as_ref().map(|(pem, key)| OwnedIdentity::PKCS8 {
+            pem: pem.clone(),
+            key: key.clone(),
+        }),
+    };
+    let connecting = async {
+        Connection::connect_with_config(uri, properties, config, default_runtime()?).await
+    };
+    match tokio::time::timeout(timeout, connecting).await {
         Ok(Ok(connection)) => Ok(connection),
         Ok(Err(e)) => Err(format!(
             "cannot connect to RabbitMQ at {}: {e}",

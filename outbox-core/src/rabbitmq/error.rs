@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::broker_tls::{TlsFiles, TlsPem};
+
 /// Why a [`RabbitMqPublisher`](super::RabbitMqPublisher) or a
 /// [`RabbitMqConsumer`](super::RabbitMqConsumer) could not be built. Every variant names the
 /// builder option at fault. None holds the URI's password: a URI is only ever shown through
@@ -60,10 +62,43 @@ impl RabbitMqConfigError {
     }
 }
 
+/// Checks `uri` and the TLS files, and reads the files: `amqps://` needs this build's TLS
+/// (feature `rabbitmq-tls`), and TLS files need an `amqps://` URI (lapin speaks TLS only
+/// there: the files would otherwise be ignored without a word).
+pub(crate) fn check_endpoint(uri: &str, tls: &TlsFiles) -> Result<TlsPem, RabbitMqConfigError> {
+    let parsed = check_uri(uri)?;
+    let secure = parsed.scheme == lapin::uri::AMQPScheme::AMQPS;
+    if secure && !cfg!(feature = "rabbitmq-tls") {
+        return Err(RabbitMqConfigError::option(
+            "uri",
+            format!(
+                "{} is an `amqps://` URI, and this build has no TLS for RabbitMQ: enable the \
+                 feature `rabbitmq-tls` (of `outbox`, or `outbox-kernel`)",
+                crate::redact::url(uri)
+            ),
+        ));
+    }
+    if !secure && tls.is_set() {
+        let option = if tls.ca.is_some() {
+            "tls_ca_file"
+        } else {
+            "tls_client_cert"
+        };
+        return Err(RabbitMqConfigError::option(
+            option,
+            format!(
+                "TLS files need an `amqps://` URI, and {} is not one",
+                crate::redact::url(uri)
+            ),
+        ));
+    }
+    tls.load()
+        .map_err(|e| RabbitMqConfigError::option(e.option, e.reason))
+}
+
 /// Checks `uri` with lapin's parser; the error shows it redacted.
-pub(crate) fn check_uri(uri: &str) -> Result<(), RabbitMqConfigError> {
+pub(crate) fn check_uri(uri: &str) -> Result<lapin::uri::AMQPUri, RabbitMqConfigError> {
     uri.parse::<lapin::uri::AMQPUri>()
-        .map(drop)
         .map_err(|reason| RabbitMqConfigError::InvalidUri {
             uri: crate::redact::url(uri).into_owned(),
             // The parser's message may quote the URI, password included.
@@ -86,5 +121,33 @@ mod tests {
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("`uri`"), "{shown}");
         assert!(check_uri("amqp://guest:guest@127.0.0.1:5672/%2f").is_ok());
+    }
+
+    #[test]
+    fn tls_files_need_amqps_and_are_read_at_build() {
+        let tls = TlsFiles {
+            ca: Some("/nonexistent/ca.pem".into()),
+            client: None,
+        };
+        let option = |err: &RabbitMqConfigError| match err {
+            RabbitMqConfigError::InvalidOption { option, .. } => option.clone(),
+            other => panic!("{other}"),
+        };
+        let err = check_endpoint("amqp://app:s3cret@host:5672/%2f", &tls).unwrap_err();
+        assert_eq!(option(&err), "tls_ca_file");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        assert!(err.to_string().contains("amqps://"), "{err}");
+
+        let err = check_endpoint("amqps://app:s3cret@host:5671/%2f", &tls).unwrap_err();
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        if cfg!(feature = "rabbitmq-tls") {
+            assert_eq!(option(&err), "tls_ca_file");
+            assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
+        } else {
+            assert_eq!(option(&err), "uri");
+            assert!(err.to_string().contains("rabbitmq-tls"), "{err}");
+        }
+        let plain = TlsFiles::default();
+        assert!(check_endpoint("amqp://guest:guest@127.0.0.1:5672/%2f", &plain).is_ok());
     }
 }

@@ -16,6 +16,7 @@ use super::classify::{
 use super::connection::{RECONNECT_PAUSE, confirm_channel, connect};
 use super::record::{Outgoing, Router, outgoing};
 use super::topology::ensure_exchange;
+use crate::broker_tls::TlsPem;
 use crate::redact;
 use crate::relay::{Delivery, NotReady, OutboxMessage, Publisher, publish_in_key_order};
 
@@ -57,6 +58,7 @@ use crate::relay::{Delivery, NotReady, OutboxMessage, Publisher, publish_in_key_
 /// ```
 pub struct RabbitMqPublisher {
     uri: String,
+    tls: TlsPem,
     router: Router,
     exchange_kind: ExchangeKind,
     confirm_timeout: Duration,
@@ -110,6 +112,7 @@ impl RabbitMqPublisher {
 
     pub(super) fn new(
         uri: String,
+        tls: TlsPem,
         router: Router,
         exchange_kind: ExchangeKind,
         confirm_timeout: Duration,
@@ -117,6 +120,7 @@ impl RabbitMqPublisher {
     ) -> Self {
         RabbitMqPublisher {
             uri,
+            tls,
             router,
             exchange_kind,
             confirm_timeout,
@@ -205,8 +209,13 @@ impl RabbitMqPublisher {
             return Err(why.clone());
         }
         let connected = async {
-            let connection =
-                connect(&self.uri, &self.connection_name, self.confirm_timeout).await?;
+            let connection = connect(
+                &self.uri,
+                &self.tls,
+                &self.connection_name,
+                self.confirm_timeout,
+            )
+            .await?;
             let channel = tokio::time::timeout(self.confirm_timeout, confirm_channel(&connection))
                 .await
                 .map_err(|_| format!("opening a channel on {} timed out", redact::url(&self.uri)))?

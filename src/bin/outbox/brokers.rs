@@ -93,8 +93,15 @@ impl Broker {
         }
     }
 
-    /// Refuses the Kafka-only flags with another broker: they would be silently ignored.
+    /// Refuses the flags of other brokers: they would be silently ignored.
     pub(crate) fn check_flags(&self, args: &RelayArgs) -> Result<(), Fatal> {
+        let tls_files = args.broker_ca_file.is_some() || args.broker_cert_file.is_some();
+        if tls_files && matches!(self, Broker::Kafka(_)) {
+            return Err(Fatal(
+                "--broker-ca-file, --broker-cert-file and --broker-key-file are for NATS and RabbitMQ: give Kafka's TLS files as ssl.ca.location, ssl.certificate.location and ssl.key.location in --kafka-config-file"
+                    .into(),
+            ));
+        }
         let kafka_only = !args.kafka_config.is_empty()
             || args.kafka_config_file.is_some()
             || std::env::var_os("OUTBOX_KAFKA_CONFIG").is_some();
@@ -149,10 +156,19 @@ pub(crate) async fn nats(args: &RelayArgs, servers: &str) -> Result<NatsPublishe
     if let Some(prefix) = &args.topic_prefix {
         builder = builder.subject_prefix(prefix.clone());
     }
-    builder
-        .build()
-        .await
-        .map_err(|e| Fatal(format!("{e} (check --broker / OUTBOX_BROKER)")))
+    if let Some(ca) = &args.broker_ca_file {
+        builder = builder.tls_ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&args.broker_cert_file, &args.broker_key_file) {
+        builder = builder.tls_client_cert(cert, key);
+    }
+    builder.build().await.map_err(|e| {
+        let option = match &e {
+            outbox::nats::NatsConfigError::InvalidOption { option, .. } => option.as_str(),
+            _ => "servers",
+        };
+        Fatal(format!("{e} (check {})", flags_of(option)))
+    })
 }
 
 /// The RabbitMQ publisher of `outbox relay`: `--message-timeout` bounds each publisher
@@ -164,9 +180,29 @@ pub(crate) fn rabbitmq(args: &RelayArgs, uri: &str) -> Result<RabbitMqPublisher,
     if let Some(prefix) = &args.topic_prefix {
         builder = builder.exchange_prefix(prefix.clone());
     }
-    builder
-        .build()
-        .map_err(|e| Fatal(format!("{e} (check --broker / OUTBOX_BROKER)")))
+    if let Some(ca) = &args.broker_ca_file {
+        builder = builder.tls_ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&args.broker_cert_file, &args.broker_key_file) {
+        builder = builder.tls_client_cert(cert, key);
+    }
+    builder.build().map_err(|e| {
+        let option = match &e {
+            outbox::rabbitmq::RabbitMqConfigError::InvalidOption { option, .. } => option.as_str(),
+            _ => "uri",
+        };
+        Fatal(format!("{e} (check {})", flags_of(option)))
+    })
+}
+
+/// The flags that set a NATS or RabbitMQ builder's `option`.
+fn flags_of(option: &str) -> &'static str {
+    match option {
+        "tls_ca_file" => "--broker-ca-file / OUTBOX_BROKER_CA_FILE",
+        "tls_client_cert" => "--broker-cert-file and --broker-key-file",
+        "ack_timeout" | "confirm_timeout" => "--message-timeout",
+        _ => "--broker / OUTBOX_BROKER",
+    }
 }
 
 #[cfg(test)]

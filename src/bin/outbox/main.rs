@@ -49,7 +49,7 @@ enum Command {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
-    /// Publish committed outbox events to Kafka until stopped (SIGINT/SIGTERM: finish the
+    /// Publish committed outbox events to Kafka, NATS JetStream or RabbitMQ until stopped (SIGINT/SIGTERM: finish the
     /// batch in flight, release the leases, exit).
     Relay(RelayArgs),
     /// Show the backlog, its oldest event, dead letters, in-flight leases, shard owners and
@@ -160,6 +160,28 @@ struct RelayArgs {
     /// line, blank lines are ignored); overridden by OUTBOX_KAFKA_CONFIG and --kafka-config.
     #[arg(long, env = "OUTBOX_KAFKA_CONFIG_FILE", value_name = "PATH")]
     kafka_config_file: Option<std::path::PathBuf>,
+    /// NATS and RabbitMQ over TLS: a PEM file of CA certificates to trust, e.g. a private CA
+    /// (NATS: instead of the system's roots, and TLS is then required; RabbitMQ: besides
+    /// them, with an `amqps://` broker). Kafka: `ssl.ca.location` in --kafka-config.
+    #[arg(long, env = "OUTBOX_BROKER_CA_FILE", value_name = "PATH")]
+    broker_ca_file: Option<std::path::PathBuf>,
+    /// NATS and RabbitMQ mutual TLS: the client certificate, PEM (with --broker-key-file).
+    #[arg(
+        long,
+        env = "OUTBOX_BROKER_CERT_FILE",
+        value_name = "PATH",
+        requires = "broker_key_file"
+    )]
+    broker_cert_file: Option<std::path::PathBuf>,
+    /// NATS and RabbitMQ mutual TLS: the client certificate's private key, PEM, not
+    /// encrypted (with --broker-cert-file).
+    #[arg(
+        long,
+        env = "OUTBOX_BROKER_KEY_FILE",
+        value_name = "PATH",
+        requires = "broker_cert_file"
+    )]
+    broker_key_file: Option<std::path::PathBuf>,
     /// PostgreSQL: do not LISTEN for writers' notifications; poll only.
     #[arg(long, env = "OUTBOX_NO_LISTEN")]
     no_listen: bool,

@@ -67,7 +67,7 @@ pub fn amqp_url() -> String {
 }
 
 /// `host:port` of a `scheme://[user@]host:port[/…]` URL.
-fn host_port(url: &str) -> String {
+pub fn host_port(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
     rest.split('/').next().unwrap_or(rest).to_owned()

@@ -8,6 +8,7 @@ use async_nats::jetstream;
 use super::NatsConsumer;
 use super::message::NatsMessage;
 use super::transport::{DeadLetterSubject, NatsTransport, PullSettings};
+use crate::broker_tls::{TlsFiles, tls_methods};
 use crate::consumer::{Options, Runtime};
 use crate::nats::NatsConfigError;
 use crate::nats::streams;
@@ -46,6 +47,7 @@ pub struct NatsConsumerBuilder {
     dead_letters: DeadLetterSubject,
     ack_wait: Duration,
     max_ack_pending: i64,
+    tls: TlsFiles,
     /// Handlers and policies: the broker-free runtime's.
     options: Options<NatsMessage>,
 }
@@ -59,6 +61,7 @@ impl Default for NatsConsumerBuilder {
             dead_letters: DeadLetterSubject::Suffix("-dlt".to_owned()),
             ack_wait: Duration::from_secs(30),
             max_ack_pending: 1,
+            tls: TlsFiles::default(),
             options: Options::default(),
         }
     }
@@ -73,6 +76,7 @@ impl std::fmt::Debug for NatsConsumerBuilder {
             .field("topics", &self.topics)
             .field("ack_wait", &self.ack_wait)
             .field("max_ack_pending", &self.max_ack_pending)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -156,6 +160,12 @@ impl NatsConsumerBuilder {
         self
     }
 
+    tls_methods!(
+        "outbox_core::nats::NatsConsumer::builder()",
+        "They replace the system's roots (which are trusted without this file: the operating system's store, or `SSL_CERT_FILE` / `SSL_CERT_DIR`).",
+        "With either, TLS is required of every server, whether its URL says `nats://` or `tls://`."
+    );
+
     crate::consumer::policy_methods!("outbox_core::nats::NatsConsumer::builder()");
 
     /// Checks everything and starts connecting in the background (a server that is down is
@@ -218,7 +228,9 @@ impl NatsConsumerBuilder {
             .options
             .settings(group.clone())
             .map_err(|(option, reason)| invalid(&option, reason))?;
-        let client = streams::connect(&self.servers, &group, Duration::from_secs(10)).await?;
+        let client = streams::connect(&self.servers, &group, Duration::from_secs(10), &self.tls)
+            .await?
+            .client;
         let jetstream = jetstream::ContextBuilder::new()
             .timeout(Duration::from_secs(10))
             .build(client.clone());

@@ -10,9 +10,10 @@ use super::dead_letter::DeadLetters;
 use super::link::Setup;
 use super::message::Incoming;
 use super::transport::RabbitMqTransport;
+use crate::broker_tls::{TlsFiles, tls_methods};
 use crate::consumer::{Options, Runtime};
 use crate::rabbitmq::RabbitMqConfigError;
-use crate::rabbitmq::error::check_uri;
+use crate::rabbitmq::error::check_endpoint;
 use crate::rabbitmq::topology::TopicQueues;
 use crate::redact;
 
@@ -60,6 +61,7 @@ pub struct RabbitMqConsumerBuilder {
     prefetch: u16,
     dead_letter_exchange: Option<String>,
     exchange_kind: ExchangeKind,
+    tls: TlsFiles,
     /// Handlers and policies: the broker-free runtime's.
     options: Options<Incoming>,
 }
@@ -73,6 +75,7 @@ impl Default for RabbitMqConsumerBuilder {
             prefetch: DEFAULT_PREFETCH,
             dead_letter_exchange: None,
             exchange_kind: ExchangeKind::Topic,
+            tls: TlsFiles::default(),
             options: Options::default(),
         }
     }
@@ -87,6 +90,7 @@ impl std::fmt::Debug for RabbitMqConsumerBuilder {
             .field("topics", &self.topics)
             .field("prefetch", &self.prefetch)
             .field("dead_letter_exchange", &self.dead_letter_exchange)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -168,6 +172,12 @@ impl RabbitMqConsumerBuilder {
         self
     }
 
+    tls_methods!(
+        "outbox_core::rabbitmq::RabbitMqConsumer::builder()",
+        "They are trusted besides the system's roots (the operating system's store, or `SSL_CERT_FILE` / `SSL_CERT_DIR`).",
+        "Either needs an `amqps://` [`uri`](Self::uri) and the feature `rabbitmq-tls`."
+    );
+
     crate::consumer::policy_methods!("outbox_core::rabbitmq::RabbitMqConsumer::builder()");
 
     /// Checks everything. Connecting and declaring the topology happen in
@@ -210,7 +220,7 @@ impl RabbitMqConsumerBuilder {
                 "a consumer needs a broker: call `.uri(\"amqp://user:password@host:5672/%2f\")`",
             )
         })?;
-        check_uri(&uri)?;
+        let tls = check_endpoint(&uri, &self.tls)?;
         if self.prefetch == 0 {
             return Err(RabbitMqConfigError::option(
                 "prefetch",
@@ -230,6 +240,7 @@ impl RabbitMqConsumerBuilder {
             .map_err(|(option, reason)| RabbitMqConfigError::option(&option, reason))?;
         let setup = Setup {
             uri,
+            tls,
             group,
             queues,
             exchange_kind: self.exchange_kind,

@@ -13,6 +13,7 @@ use lapin::{Channel, Connection, Consumer, ExchangeKind};
 use tokio::time::Instant;
 
 use super::message::Incoming;
+use crate::broker_tls::TlsPem;
 use crate::rabbitmq::classify::code_name;
 use crate::rabbitmq::connection::{RECONNECT_PAUSE, confirm_channel, connect};
 use crate::rabbitmq::topology::{TopicQueues, declare_consumer};
@@ -34,6 +35,7 @@ impl fmt::Display for LinkError {
 /// What a link is built from.
 pub(crate) struct Setup {
     pub(crate) uri: String,
+    pub(crate) tls: TlsPem,
     pub(crate) group: String,
     pub(crate) queues: Vec<TopicQueues>,
     pub(crate) exchange_kind: ExchangeKind,
@@ -110,7 +112,7 @@ impl Link {
     /// consumes the queues.
     async fn open(setup: &Setup) -> Result<Link, LinkError> {
         let name = format!("outbox-consumer {}", setup.group);
-        let connection = connect(&setup.uri, &name, SETUP_TIMEOUT)
+        let connection = connect(&setup.uri, &setup.tls, &name, SETUP_TIMEOUT)
             .await
             .map_err(LinkError)?;
         let failed = |what: &str, e: lapin::Error| {
