@@ -18,7 +18,6 @@ use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::StreamExt;
 use outbox::Envelope;
 use outbox::nats::{NatsConsumer, NatsPublisher};
-use outbox::relay::{Mode, PgRelayStore, Relay, RelayConfig};
 
 use crate::conns::*;
 use crate::pipeline::*;
@@ -90,8 +89,7 @@ async fn twenty_thousand_events_through_nats_applied_once_in_order() {
     }));
 
     // Two sharded relays, each with its own publisher.
-    let (stop_relays, relays_stopped) = tokio::sync::watch::channel(false);
-    let mut relays = Vec::new();
+    let mut publishers = Vec::new();
     for _ in 0..2 {
         let target = topic.clone();
         let publisher = NatsPublisher::builder()
@@ -100,41 +98,12 @@ async fn twenty_thousand_events_through_nats_applied_once_in_order() {
             .build()
             .await
             .unwrap();
-        let config = RelayConfig {
-            mode: Mode::Sharded,
-            batch_size: 500,
-            poll_interval: Duration::from_millis(50),
-            ..RelayConfig::default()
-        };
-        let relay = Relay::new(PgRelayStore::new(source.url.clone()), publisher, config).unwrap();
-        let mut stopped = relays_stopped.clone();
-        relays.push(tokio::spawn(relay.run(async move {
-            stopped.wait_for(|stop| *stop).await.ok();
-        })));
+        publishers.push(publisher);
     }
-
-    // The writer: position k of every aggregate, 100 aggregates per transaction.
-    write_positions(&source.url);
-
-    let total = (AGGREGATES * PER_AGGREGATE) as u64;
-    let deadline = Instant::now() + DEADLINE;
-    while pending_in(&source.url) > 0 || stats.get(&stats.done) < total {
-        assert!(Instant::now() < deadline, "not done in time: {stats:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    stop_relays.send(true).unwrap();
-    for relay in relays {
-        relay.await.unwrap();
-    }
-    stop_consumer.send(()).unwrap();
-    consuming.await.unwrap();
-    let elapsed = started.elapsed();
-
-    // Applied exactly once in effect, each aggregate in order.
-    let mut conn = <AsyncPgConnection as AsyncConn>::open(&sink).await;
-    let effects = effects_in_order(&mut conn).await;
-    assert_each_aggregate_in_order("the consumer's effects", &effects);
-    assert_eq!(stats.get(&stats.applied), total, "{stats:?}");
+    let publishers: [NatsPublisher; 2] = publishers.try_into().ok().unwrap();
+    let consumer = (stop_consumer, consuming);
+    let (total, elapsed) =
+        relay_write_and_check(&source, &sink, publishers, stats, consumer, started).await;
 
     // async-nats' own reading of the stream: every event (at least once), in order.
     let js = jetstream::new(async_nats::connect(nats_url()).await.unwrap());

@@ -4,11 +4,14 @@
 //! in order.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use diesel::Connection;
 use diesel_async::AsyncPgConnection;
+use outbox::consumer::ConsumerStats;
 use outbox::prelude::*;
+use outbox::relay::{Mode, PgRelayStore, Publisher, Relay, RelayConfig};
 use outbox::{Envelope, idempotent};
 
 use crate::conns::*;
@@ -98,4 +101,61 @@ pub(crate) fn write_positions(url: &str) {
         }
     });
     writer.join().unwrap();
+}
+
+/// Two sharded relays (batch 500), one per publisher, drain `source` while
+/// [`write_positions`] writes every event to it. Once nothing is pending and the consumer
+/// (`stats`, running as `consuming`) has done every event, stops the relays and the consumer,
+/// checks the consumer's effects in `sink` (every aggregate once, in order), and returns the
+/// events and the time since `started`.
+pub(crate) async fn relay_write_and_check<P: Publisher + 'static>(
+    source: &TestDatabase,
+    sink: &TestDatabase,
+    publishers: [P; 2],
+    stats: Arc<ConsumerStats>,
+    (stop_consumer, consuming): (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ),
+    started: Instant,
+) -> (u64, Duration) {
+    let (stop_relays, relays_stopped) = tokio::sync::watch::channel(false);
+    let mut relays = Vec::new();
+    for publisher in publishers {
+        let config = RelayConfig {
+            mode: Mode::Sharded,
+            batch_size: 500,
+            poll_interval: Duration::from_millis(50),
+            ..RelayConfig::default()
+        };
+        let relay = Relay::new(PgRelayStore::new(source.url.clone()), publisher, config).unwrap();
+        let mut stopped = relays_stopped.clone();
+        relays.push(tokio::spawn(relay.run(async move {
+            stopped.wait_for(|stop| *stop).await.ok();
+        })));
+    }
+
+    // The writer: position k of every aggregate, 100 aggregates per transaction.
+    write_positions(&source.url);
+
+    let total = (AGGREGATES * PER_AGGREGATE) as u64;
+    let deadline = Instant::now() + DEADLINE;
+    while pending_in(&source.url) > 0 || stats.get(&stats.done) < total {
+        assert!(Instant::now() < deadline, "not done in time: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop_relays.send(true).unwrap();
+    for relay in relays {
+        relay.await.unwrap();
+    }
+    stop_consumer.send(()).unwrap();
+    consuming.await.unwrap();
+    let elapsed = started.elapsed();
+
+    // Applied exactly once in effect, each aggregate in order.
+    let mut conn = <AsyncPgConnection as AsyncConn>::open(sink).await;
+    let effects = effects_in_order(&mut conn).await;
+    assert_each_aggregate_in_order("the consumer's effects", &effects);
+    assert_eq!(stats.get(&stats.applied), total, "{stats:?}");
+    (total, elapsed)
 }

@@ -11,7 +11,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use lapin::options::{
@@ -22,7 +22,6 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{ConnectionProperties, ExchangeKind};
 use outbox::Envelope;
 use outbox::rabbitmq::{RabbitMqConsumer, RabbitMqPublisher};
-use outbox::relay::{Mode, PgRelayStore, Relay, RelayConfig};
 
 use crate::conns::*;
 use crate::pipeline::*;
@@ -160,50 +159,17 @@ async fn twenty_thousand_events_through_rabbitmq_applied_once_in_order() {
     }));
 
     // Two sharded relays, each with its own publisher.
-    let (stop_relays, relays_stopped) = tokio::sync::watch::channel(false);
-    let mut relays = Vec::new();
-    for _ in 0..2 {
+    let publishers = [(); 2].map(|()| {
         let target = topic.clone();
-        let publisher = RabbitMqPublisher::builder()
+        RabbitMqPublisher::builder()
             .uri(amqp_url())
             .exchange_for(move |_| target.clone())
             .build()
-            .unwrap();
-        let config = RelayConfig {
-            mode: Mode::Sharded,
-            batch_size: 500,
-            poll_interval: Duration::from_millis(50),
-            ..RelayConfig::default()
-        };
-        let relay = Relay::new(PgRelayStore::new(source.url.clone()), publisher, config).unwrap();
-        let mut stopped = relays_stopped.clone();
-        relays.push(tokio::spawn(relay.run(async move {
-            stopped.wait_for(|stop| *stop).await.ok();
-        })));
-    }
-
-    // The writer: position k of every aggregate, 100 aggregates per transaction.
-    write_positions(&source.url);
-
-    let total = (AGGREGATES * PER_AGGREGATE) as u64;
-    let deadline = Instant::now() + DEADLINE;
-    while pending_in(&source.url) > 0 || stats.get(&stats.done) < total {
-        assert!(Instant::now() < deadline, "not done in time: {stats:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    stop_relays.send(true).unwrap();
-    for relay in relays {
-        relay.await.unwrap();
-    }
-    stop_consumer.send(()).unwrap();
-    consuming.await.unwrap();
-    let elapsed = started.elapsed();
-
-    // Applied exactly once in effect, each aggregate in order.
-    let mut conn = <AsyncPgConnection as AsyncConn>::open(&sink).await;
-    let effects = effects_in_order(&mut conn).await;
-    assert_each_aggregate_in_order("the consumer's effects", &effects);
-    assert_eq!(stats.get(&stats.applied), total, "{stats:?}");
+            .unwrap()
+    });
+    let consumer = (stop_consumer, consuming);
+    let (total, elapsed) =
+        relay_write_and_check(&source, &sink, publishers, stats, consumer, started).await;
 
     // lapin's own reading of the second queue: every event (at least once), in order.
     let (mut seen, mut positions) = (HashSet::new(), Vec::new());
