@@ -22,7 +22,7 @@ use async_nats::jetstream::{self, consumer::AckPolicy, consumer::PullConsumer, c
 use futures_util::StreamExt;
 
 use super::proxy::{Mode, TcpProxy};
-use super::reader::Record;
+use super::reader::{ReadWindow, Record};
 use super::services::PrivateBroker;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,17 +200,8 @@ async fn read_nats(
         .expect("an ephemeral consumer");
     let mut messages = consumer.messages().await.expect("the consumer's messages");
     let mut out = Vec::new();
-    let mut complete = !wait;
-    let mut extra_until: Option<Instant> = None;
-    loop {
-        let now = Instant::now();
-        match extra_until {
-            None if complete || start.elapsed() > deadline => {
-                extra_until = Some(now + Duration::from_millis(500));
-            }
-            Some(t) if now > t => break,
-            _ => {}
-        }
+    let mut window = ReadWindow::new(start, deadline, wait);
+    while !window.over() {
         let Ok(Some(next)) =
             tokio::time::timeout(Duration::from_millis(100), messages.next()).await
         else {
@@ -235,7 +226,7 @@ async fn read_nats(
                 .unwrap_or_default(),
             timestamp_ms: Some((info.published.unix_timestamp_nanos() / 1_000_000) as i64),
         };
-        complete |= done(&record);
+        window.saw(done(&record));
         out.push(record);
     }
     out
@@ -368,22 +359,12 @@ mod rabbit {
             .get(topic)
             .cloned()
             .unwrap_or_else(|| panic!("no reader for {topic}: call prepare() before the relays"));
-        let start = Instant::now();
-        let mut complete = !wait;
+        let mut window = ReadWindow::new(Instant::now(), deadline, wait);
         let mut seen = 0;
-        let mut extra_until: Option<Instant> = None;
-        loop {
-            let now = Instant::now();
-            match extra_until {
-                None if complete || start.elapsed() > deadline => {
-                    extra_until = Some(now + Duration::from_millis(500));
-                }
-                Some(t) if now > t => break,
-                _ => {}
-            }
+        while !window.over() {
             let records = received.0.lock().unwrap().clone();
             for record in &records[seen..] {
-                complete |= done(record);
+                window.saw(done(record));
             }
             seen = records.len();
             std::thread::sleep(Duration::from_millis(50));

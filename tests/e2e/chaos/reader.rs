@@ -87,6 +87,44 @@ fn read_until(
     read_kafka(brokers, topic, deadline, wait, done)
 }
 
+/// When a read ends: half a second after `done` first said so or the deadline passed (to
+/// catch what comes late: a duplicate, an event out of order), at once if not `wait`ing.
+pub struct ReadWindow {
+    start: Instant,
+    deadline: Duration,
+    complete: bool,
+    extra_until: Option<Instant>,
+}
+
+impl ReadWindow {
+    pub fn new(start: Instant, deadline: Duration, wait: bool) -> ReadWindow {
+        ReadWindow {
+            start,
+            deadline,
+            complete: !wait,
+            extra_until: None,
+        }
+    }
+
+    /// Records whether the read is complete after a record.
+    pub fn saw(&mut self, complete: bool) {
+        self.complete |= complete;
+    }
+
+    /// Whether the read is over.
+    pub fn over(&mut self) -> bool {
+        let now = Instant::now();
+        match self.extra_until {
+            None if self.complete || self.start.elapsed() > self.deadline => {
+                self.extra_until = Some(now + Duration::from_millis(500));
+                false
+            }
+            Some(t) => now > t,
+            None => false,
+        }
+    }
+}
+
 fn read_kafka(
     brokers: &str,
     topic: &str,
@@ -99,17 +137,8 @@ fn read_kafka(
         return Vec::new();
     };
     let mut out = Vec::new();
-    let mut complete = !wait;
-    let mut extra_until: Option<Instant> = None;
-    loop {
-        let now = Instant::now();
-        match extra_until {
-            None if complete || start.elapsed() > deadline => {
-                extra_until = Some(now + Duration::from_millis(500));
-            }
-            Some(t) if now > t => break,
-            _ => {}
-        }
+    let mut window = ReadWindow::new(start, deadline, wait);
+    while !window.over() {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
                 let id = m
@@ -124,7 +153,7 @@ fn read_kafka(
                     id,
                     timestamp_ms: m.timestamp().to_millis(),
                 };
-                complete |= done(&record);
+                window.saw(done(&record));
                 out.push(record);
             }
             Some(Err(e)) => eprintln!("chaos reader: {e}"),
