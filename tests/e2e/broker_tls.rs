@@ -5,7 +5,10 @@
 //! - mutual TLS: the relay publishes with `--broker-ca-file`, `--broker-cert-file` and
 //!   `--broker-key-file`, and our consumer reads every event back over TLS with the same files;
 //! - a server certificate of a CA the relay does not trust: the relay stops at start with one
-//!   line naming the failed verification, and shows no password.
+//!   line naming the failed verification, and shows no password;
+//! - the server's certificate replaced by one of another CA while the relay runs: an outage
+//!   (nothing published, nothing dead-lettered with `--max-attempts 1`), and every event
+//!   published once, with one attempt, when the right certificate is back.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -22,49 +25,91 @@ use crate::kafka_tls::{
 };
 use crate::support::{OrderCreated, TestDatabase};
 
-/// The broker a test runs against, behind TLS of the test's [`Pki`].
-enum TlsBroker {
+/// Which broker a test runs against.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
     /// A nats-server of the test's own, TLS only, verifying client certificates.
-    Nats { server: Child, port: u16 },
+    Nats,
     /// stunnel in front of the shared RabbitMQ, requiring client certificates.
-    RabbitMq { stunnel: Child, port: u16 },
+    RabbitMq,
+}
+
+/// The broker a test runs against, behind TLS of the test's [`Pki`], on a port of its own.
+struct TlsBroker {
+    kind: Kind,
+    port: u16,
+    /// nats-server or stunnel.
+    process: Option<Child>,
 }
 
 impl TlsBroker {
-    fn nats(pki: &Pki, work: &tempfile::TempDir, cert: ServerCert) -> TlsBroker {
-        let port = free_port();
-        let (crt, key) = cert.files();
-        let log = std::fs::File::create(work.path().join("nats-server.log")).unwrap();
-        let server = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(work.path().join("jetstream"))
-            .args([
-                "--tls",
-                "--tlscert",
-                &pki.path(crt),
-                "--tlskey",
-                &pki.path(key),
-            ])
-            .args(["--tlsverify", "--tlscacert", &pki.path("ca.pem")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("nats-server runs");
-        wait_port(port);
-        TlsBroker::Nats { server, port }
+    fn start(kind: Kind, pki: &Pki, work: &tempfile::TempDir, cert: ServerCert) -> TlsBroker {
+        let mut broker = TlsBroker {
+            kind,
+            port: free_port(),
+            process: None,
+        };
+        broker.serve(pki, work, cert);
+        broker
     }
 
-    fn rabbitmq(pki: &Pki, work: &tempfile::TempDir, cert: ServerCert) -> TlsBroker {
-        let port = free_port();
-        let stunnel = stunnel(pki, work.path(), port, &host_port(&amqp_url()), cert, true);
-        TlsBroker::RabbitMq { stunnel, port }
+    /// (Re)starts the TLS server on the same port, presenting `cert`. nats-server keeps its
+    /// JetStream directory, so its streams outlive a restart.
+    fn serve(&mut self, pki: &Pki, work: &tempfile::TempDir, cert: ServerCert) {
+        self.stop();
+        self.process = Some(match self.kind {
+            Kind::Nats => {
+                let (crt, key) = cert.files();
+                let log = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(work.path().join("nats-server.log"))
+                    .unwrap();
+                let server = Command::new("nats-server")
+                    .args([
+                        "-a",
+                        "127.0.0.1",
+                        "-p",
+                        &self.port.to_string(),
+                        "-js",
+                        "-sd",
+                    ])
+                    .arg(work.path().join("jetstream"))
+                    .args([
+                        "--tls",
+                        "--tlscert",
+                        &pki.path(crt),
+                        "--tlskey",
+                        &pki.path(key),
+                    ])
+                    .args(["--tlsverify", "--tlscacert", &pki.path("ca.pem")])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::from(log))
+                    .spawn()
+                    .expect("nats-server runs");
+                wait_port(self.port);
+                server
+            }
+            Kind::RabbitMq => {
+                let upstream = host_port(&amqp_url());
+                stunnel(pki, work.path(), self.port, &upstream, cert, true)
+            }
+        });
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            let _ = process.kill();
+            let _ = process.wait();
+        }
     }
 
     /// The relay's `--broker`: TLS on the broker's port, the shared RabbitMQ's user.
     fn url(&self) -> String {
-        match self {
-            TlsBroker::Nats { port, .. } => format!("tls://127.0.0.1:{port}"),
-            TlsBroker::RabbitMq { port, .. } => {
+        let port = self.port;
+        match self.kind {
+            Kind::Nats => format!("tls://127.0.0.1:{port}"),
+            Kind::RabbitMq => {
                 let plain = amqp_url();
                 let (_, rest) = plain.split_once("://").unwrap();
                 let (user, rest) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
@@ -73,16 +118,25 @@ impl TlsBroker {
             }
         }
     }
+
+    /// What the TLS server logged, for failure messages.
+    fn log(&self, work: &tempfile::TempDir) -> String {
+        let name = match self.kind {
+            Kind::Nats => "nats-server.log",
+            Kind::RabbitMq => "stunnel.log",
+        };
+        std::fs::read_to_string(work.path().join(name)).unwrap_or_default()
+    }
 }
 
 impl Drop for TlsBroker {
     fn drop(&mut self) {
-        let (TlsBroker::Nats { server: child, .. } | TlsBroker::RabbitMq { stunnel: child, .. }) =
-            self;
-        let _ = child.kill();
-        let _ = child.wait();
+        self.stop();
     }
 }
+
+/// The relays' `--relay-id`, as `outbox status` shows it.
+const RELAY_ID: &str = "broker-tls";
 
 /// `outbox relay --broker url` with the binary's default log filter, the TLS flags
 /// `tls` (flag, file of `pki`), logging to `log`.
@@ -96,7 +150,7 @@ fn relay(
     let mut command = Command::new(outbox_bin());
     command
         .args(["relay", "--database-url", db, "--broker", url])
-        .args(["--topic-prefix", prefix])
+        .args(["--topic-prefix", prefix, "--relay-id", RELAY_ID])
         .args(["--message-timeout", "2000", "--lease", "10000"])
         .args(["--poll-interval", "100", "--retry-initial", "100"])
         .args(["--retry-max", "1000", "--max-attempts", "1"]);
@@ -187,115 +241,96 @@ type Handler = Arc<
 >;
 type Shutdown = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Writes orders 0..5 and 5..8 beside a relay with mutual TLS, waits until every one is
-/// published once, and returns the relay's log and `outbox status`.
-fn relay_eight(db: &TestDatabase, broker: &TlsBroker, pki: &Pki, prefix: &str) -> (String, String) {
-    let log = pki
-        .dir
-        .path()
-        .join(format!("relay-{}.log", prefix.trim_end_matches('.')));
-    write_orders(&db.url, 0..5);
-    let mut child = RelayProcess {
-        child: relay(&db.url, &broker.url(), prefix, &mutual_tls(pki), &log),
-        log: log.clone(),
-        id: "broker-tls".into(),
-    };
-    wait_published(&db.url, &log, &String::new);
-    write_orders(&db.url, 5..8);
-    wait_published(&db.url, &log, &String::new);
-    let status = outbox_ok(&["status", "--database-url", &db.url]);
-    child.kill();
-    assert_eq!(count(&db.url, PENDING), 0);
-    assert_eq!(count(&db.url, UNEXPECTED), 0, "one attempt each: {status}");
-    (std::fs::read_to_string(&log).unwrap(), status)
-}
-
-#[test]
-fn nats_mutual_tls_relay_publishes_and_a_consumer_reads_back() {
-    let pki = Pki::new();
-    let work = tempfile::tempdir().unwrap();
-    let nats = TlsBroker::nats(&pki, &work, ServerCert::Trusted);
-    let db = TestDatabase::sqlite("nats_tls");
-    let prefix = format!("t{}.", uuid::Uuid::now_v7().simple());
-    let (servers, topic) = (nats.url(), format!("{prefix}order"));
-    let (ca, cert, key) = client_files(&pki);
-    let consuming = Consuming::start(|handler, shutdown| async move {
-        let consumer = outbox::nats::NatsConsumer::builder()
-            .servers(servers)
-            .tls_ca_file(ca)
-            .tls_client_cert(cert, key)
-            .group("billing")
-            .topic(topic)
-            .handler(move |event| handler(event))
-            .build()
-            .await
-            .unwrap();
-        consumer.run(shutdown).await;
-    });
-
-    relay_eight(&db, &nats, &pki, &prefix);
-    let ids = consuming.stop_after(8);
-    let log = work.path().join("nats-server.log");
-    assert_eq!(
-        ids,
-        (0..8).collect::<Vec<_>>(),
-        "nats-server: {}",
-        std::fs::read_to_string(log).unwrap_or_default()
+/// The consumer of `broker` (group `billing`, topic `<prefix>order`) over TLS with the
+/// relay's files; for RabbitMQ, once it declared its queue (a message no queue takes is
+/// refused), so that it reads everything the relay publishes.
+fn consumer(broker: &TlsBroker, pki: &Pki, work: &tempfile::TempDir, prefix: &str) -> Consuming {
+    let topic = format!("{prefix}order");
+    let (url, ca, cert, key) = (
+        broker.url(),
+        pki.path("ca.pem"),
+        pki.path("client.crt"),
+        pki.path("client-plain.key"),
     );
+    let consuming = match broker.kind {
+        Kind::Nats => Consuming::start(|handler, shutdown| async move {
+            let consumer = outbox::nats::NatsConsumer::builder()
+                .servers(url)
+                .tls_ca_file(ca)
+                .tls_client_cert(cert, key)
+                .group("billing")
+                .topic(topic)
+                .handler(move |event| handler(event))
+                .build()
+                .await
+                .unwrap();
+            consumer.run(shutdown).await;
+        }),
+        Kind::RabbitMq => Consuming::start(|handler, shutdown| async move {
+            let consumer = outbox::rabbitmq::RabbitMqConsumer::builder()
+                .uri(url)
+                .tls_ca_file(ca)
+                .tls_client_cert(cert, key)
+                .group("billing")
+                .topic(topic)
+                .handler(move |event| handler(event))
+                .build()
+                .unwrap();
+            consumer.run(shutdown).await;
+        }),
+    };
+    if let Kind::RabbitMq = broker.kind {
+        let start = Instant::now();
+        while !queue_exists(&format!("billing.{prefix}order")) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the consumer declared no queue: {}",
+                broker.log(work)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    consuming
 }
 
-#[test]
-fn rabbitmq_mutual_tls_relay_publishes_and_a_consumer_reads_back() {
-    let pki = Pki::new();
-    let work = tempfile::tempdir().unwrap();
-    let rabbit = TlsBroker::rabbitmq(&pki, &work, ServerCert::Trusted);
-    let db = TestDatabase::sqlite("rabbitmq_tls");
+/// A test's topic prefix; on RabbitMQ, what the consumer declares is deleted on drop.
+fn prefix_of(kind: Kind) -> (String, Option<Cleanup>) {
     let prefix = format!("t{}.", uuid::Uuid::now_v7().simple());
     let topic = format!("{prefix}order");
-    let queue = format!("billing.{topic}");
-    let _cleanup = Cleanup {
-        queues: vec![queue.clone(), format!("{topic}.dlt")],
+    let cleanup = matches!(kind, Kind::RabbitMq).then(|| Cleanup {
+        queues: vec![format!("billing.{topic}"), format!("{topic}.dlt")],
         exchanges: vec![topic.clone(), format!("{topic}.dlt")],
-    };
-
-    // The consumer declares its queue before anything is published (a message no queue
-    // takes is refused), over TLS with the relay's files.
-    let (uri, ca, cert, key) = (
-        rabbit.url(),
-        client_files(&pki).0,
-        client_files(&pki).1,
-        client_files(&pki).2,
-    );
-    let consuming = Consuming::start(|handler, shutdown| async move {
-        let consumer = outbox::rabbitmq::RabbitMqConsumer::builder()
-            .uri(uri)
-            .tls_ca_file(ca)
-            .tls_client_cert(cert, key)
-            .group("billing")
-            .topic(topic)
-            .handler(move |event| handler(event))
-            .build()
-            .unwrap();
-        consumer.run(shutdown).await;
     });
-    let start = Instant::now();
-    while !queue_exists(&queue) {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the consumer declared no queue: {}",
-            std::fs::read_to_string(work.path().join("stunnel.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    (prefix, cleanup)
+}
 
-    let (relay_log, status) = relay_eight(&db, &rabbit, &pki, &prefix);
+/// Mutual TLS: the relay publishes orders 0..5, then 5..8, each once, and the consumer
+/// reads all 8 over TLS with the same files; no password is shown.
+fn mutual_tls_round_trip(kind: Kind) {
+    let pki = Pki::new();
+    let work = tempfile::tempdir().unwrap();
+    let broker = TlsBroker::start(kind, &pki, &work, ServerCert::Trusted);
+    let db = TestDatabase::sqlite("broker_tls");
+    let (prefix, _cleanup) = prefix_of(kind);
+    let consuming = consumer(&broker, &pki, &work, &prefix);
+
+    let log = work.path().join("relay.log");
+    write_orders(&db.url, 0..5);
+    let mut child = RelayProcess {
+        child: relay(&db.url, &broker.url(), &prefix, &mutual_tls(&pki), &log),
+        log: log.clone(),
+        id: RELAY_ID.into(),
+    };
+    wait_published(&db.url, &log, &|| broker.log(&work));
+    write_orders(&db.url, 5..8);
+    wait_published(&db.url, &log, &|| broker.log(&work));
+    let status = outbox_ok(&["status", "--database-url", &db.url]);
+    child.kill();
+    assert_eq!(count(&db.url, UNEXPECTED), 0, "one attempt each: {status}");
+
     let ids = consuming.stop_after(8);
-    assert_eq!(
-        ids,
-        (0..8).collect::<Vec<_>>(),
-        "stunnel: {}",
-        std::fs::read_to_string(work.path().join("stunnel.log")).unwrap_or_default()
-    );
+    assert_eq!(ids, (0..8).collect::<Vec<_>>(), "{}", broker.log(&work));
+    let relay_log = std::fs::read_to_string(&log).unwrap();
     for shown in [&relay_log, &status] {
         assert!(
             !shown.contains("guest:guest"),
@@ -304,13 +339,84 @@ fn rabbitmq_mutual_tls_relay_publishes_and_a_consumer_reads_back() {
     }
 }
 
-/// The consumers' CA, client certificate and key: the relay's.
-fn client_files(pki: &Pki) -> (String, String, String) {
-    (
-        pki.path("ca.pem"),
-        pki.path("client.crt"),
-        pki.path("client-plain.key"),
-    )
+#[test]
+fn nats_mutual_tls_relay_publishes_and_a_consumer_reads_back() {
+    mutual_tls_round_trip(Kind::Nats);
+}
+
+#[test]
+fn rabbitmq_mutual_tls_relay_publishes_and_a_consumer_reads_back() {
+    mutual_tls_round_trip(Kind::RabbitMq);
+}
+
+/// The broker's certificate replaced by one of another CA while the relay runs: an outage
+/// (`waiting_for_broker`, nothing published, nothing dead-lettered with `--max-attempts 1`);
+/// with the right certificate back, every event is published, each with one attempt, and the
+/// consumer reads them all.
+fn certificate_swapped_while_running(kind: Kind) {
+    let pki = Pki::new();
+    let work = tempfile::tempdir().unwrap();
+    let mut broker = TlsBroker::start(kind, &pki, &work, ServerCert::Trusted);
+    let db = TestDatabase::sqlite("broker_tls_swap");
+    let (prefix, _cleanup) = prefix_of(kind);
+    let consuming = consumer(&broker, &pki, &work, &prefix);
+
+    let log = work.path().join("relay.log");
+    write_orders(&db.url, 0..2);
+    let mut child = RelayProcess {
+        child: relay(&db.url, &broker.url(), &prefix, &mutual_tls(&pki), &log),
+        log: log.clone(),
+        id: RELAY_ID.into(),
+    };
+    wait_published(&db.url, &log, &|| broker.log(&work));
+
+    broker.serve(&pki, &work, ServerCert::Rogue);
+    write_orders(&db.url, 2..4);
+    let start = Instant::now();
+    let status = loop {
+        let status = outbox_ok(&["status", "--database-url", &db.url]);
+        if status.contains(&format!("{RELAY_ID} (sharded): waiting_for_broker")) {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the relay never waited for the broker: {status}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        count(&db.url, PENDING),
+        2,
+        "nothing published meanwhile: {status}"
+    );
+    assert_eq!(
+        count(&db.url, "dead_at IS NOT NULL"),
+        0,
+        "an outage dead-letters nothing (--max-attempts 1): {status}"
+    );
+
+    broker.serve(&pki, &work, ServerCert::Trusted);
+    wait_published(&db.url, &log, &|| broker.log(&work));
+    child.kill();
+    assert_eq!(
+        count(&db.url, UNEXPECTED),
+        0,
+        "the claims that met the outage were given back uncounted: one attempt each"
+    );
+    let mut ids = consuming.stop_after(4);
+    ids.dedup();
+    assert_eq!(ids, [0, 1, 2, 3], "{}", broker.log(&work));
+}
+
+#[test]
+fn nats_certificate_swapped_while_running_is_an_outage() {
+    certificate_swapped_while_running(Kind::Nats);
+}
+
+#[test]
+fn rabbitmq_certificate_swapped_while_running_is_an_outage() {
+    certificate_swapped_while_running(Kind::RabbitMq);
 }
 
 /// A server certificate of another CA: the relay stops at start with one line naming the
@@ -322,8 +428,8 @@ fn nats_and_rabbitmq_untrusted_server_certificate_stops_the_relay_in_one_line() 
     let db = TestDatabase::sqlite("broker_tls_ca");
     write_orders(&db.url, 0..2);
     for broker in [
-        TlsBroker::nats(&pki, &work, ServerCert::Rogue),
-        TlsBroker::rabbitmq(&pki, &work, ServerCert::Rogue),
+        TlsBroker::start(Kind::Nats, &pki, &work, ServerCert::Rogue),
+        TlsBroker::start(Kind::RabbitMq, &pki, &work, ServerCert::Rogue),
     ] {
         let log = work.path().join("relay.log");
         let mut child = relay(
