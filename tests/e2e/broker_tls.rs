@@ -304,39 +304,90 @@ fn prefix_of(kind: Kind) -> (String, Option<Cleanup>) {
     (prefix, cleanup)
 }
 
+/// What a test runs with: the PKI, the broker behind TLS, an SQLite outbox, a topic prefix
+/// of its own and the consumer reading it.
+struct Scene {
+    /// Dropped first: the consumer stops before what it declared is deleted.
+    consuming: Consuming,
+    broker: TlsBroker,
+    db: TestDatabase,
+    prefix: String,
+    _cleanup: Option<Cleanup>,
+    pki: Pki,
+    work: tempfile::TempDir,
+}
+
+impl Scene {
+    fn new(kind: Kind) -> Scene {
+        let pki = Pki::new();
+        let work = tempfile::tempdir().unwrap();
+        let broker = TlsBroker::start(kind, &pki, &work, ServerCert::Trusted);
+        let (prefix, cleanup) = prefix_of(kind);
+        let consuming = consumer(&broker, &pki, &work, &prefix);
+        Scene {
+            consuming,
+            broker,
+            db: TestDatabase::sqlite("broker_tls"),
+            prefix,
+            _cleanup: cleanup,
+            pki,
+            work,
+        }
+    }
+
+    fn log(&self) -> std::path::PathBuf {
+        self.work.path().join("relay.log")
+    }
+
+    /// Writes orders `ids`, starts the relay with mutual TLS and waits until they are
+    /// published.
+    fn relay(&self, ids: std::ops::Range<i64>) -> RelayProcess {
+        write_orders(&self.db.url, ids);
+        let child = relay(
+            &self.db.url,
+            &self.broker.url(),
+            &self.prefix,
+            &mutual_tls(&self.pki),
+            &self.log(),
+        );
+        self.wait_published();
+        RelayProcess {
+            child,
+            log: self.log(),
+            id: RELAY_ID.into(),
+        }
+    }
+
+    fn wait_published(&self) {
+        wait_published(&self.db.url, &self.log(), &|| self.broker.log(&self.work));
+    }
+}
+
 /// Mutual TLS: the relay publishes orders 0..5, then 5..8, each once, and the consumer
 /// reads all 8 over TLS with the same files; no password is shown.
 fn mutual_tls_round_trip(kind: Kind) {
-    let pki = Pki::new();
-    let work = tempfile::tempdir().unwrap();
-    let broker = TlsBroker::start(kind, &pki, &work, ServerCert::Trusted);
-    let db = TestDatabase::sqlite("broker_tls");
-    let (prefix, _cleanup) = prefix_of(kind);
-    let consuming = consumer(&broker, &pki, &work, &prefix);
-
-    let log = work.path().join("relay.log");
-    write_orders(&db.url, 0..5);
-    let mut child = RelayProcess {
-        child: relay(&db.url, &broker.url(), &prefix, &mutual_tls(&pki), &log),
-        log: log.clone(),
-        id: RELAY_ID.into(),
-    };
-    wait_published(&db.url, &log, &|| broker.log(&work));
-    write_orders(&db.url, 5..8);
-    wait_published(&db.url, &log, &|| broker.log(&work));
-    let status = outbox_ok(&["status", "--database-url", &db.url]);
+    let scene = Scene::new(kind);
+    let mut child = scene.relay(0..5);
+    write_orders(&scene.db.url, 5..8);
+    scene.wait_published();
+    let status = outbox_ok(&["status", "--database-url", &scene.db.url]);
     child.kill();
-    assert_eq!(count(&db.url, UNEXPECTED), 0, "one attempt each: {status}");
+    assert_eq!(
+        count(&scene.db.url, UNEXPECTED),
+        0,
+        "one attempt each: {status}"
+    );
 
-    let ids = consuming.stop_after(8);
-    assert_eq!(ids, (0..8).collect::<Vec<_>>(), "{}", broker.log(&work));
-    let relay_log = std::fs::read_to_string(&log).unwrap();
+    let relay_log = std::fs::read_to_string(scene.log()).unwrap();
     for shown in [&relay_log, &status] {
         assert!(
             !shown.contains("guest:guest"),
             "a password is shown: {shown}"
         );
     }
+    let ids = scene.consuming.stop_after(8);
+    let shown = scene.broker.log(&scene.work);
+    assert_eq!(ids, (0..8).collect::<Vec<_>>(), "{shown}");
 }
 
 #[test]
@@ -354,59 +405,51 @@ fn rabbitmq_mutual_tls_relay_publishes_and_a_consumer_reads_back() {
 /// with the right certificate back, every event is published, each with one attempt, and the
 /// consumer reads them all.
 fn certificate_swapped_while_running(kind: Kind) {
-    let pki = Pki::new();
-    let work = tempfile::tempdir().unwrap();
-    let mut broker = TlsBroker::start(kind, &pki, &work, ServerCert::Trusted);
-    let db = TestDatabase::sqlite("broker_tls_swap");
-    let (prefix, _cleanup) = prefix_of(kind);
-    let consuming = consumer(&broker, &pki, &work, &prefix);
+    let mut scene = Scene::new(kind);
+    let mut child = scene.relay(0..2);
+    let db = scene.db.url.clone();
 
-    let log = work.path().join("relay.log");
-    write_orders(&db.url, 0..2);
-    let mut child = RelayProcess {
-        child: relay(&db.url, &broker.url(), &prefix, &mutual_tls(&pki), &log),
-        log: log.clone(),
-        id: RELAY_ID.into(),
-    };
-    wait_published(&db.url, &log, &|| broker.log(&work));
-
-    broker.serve(&pki, &work, ServerCert::Rogue);
-    write_orders(&db.url, 2..4);
+    scene
+        .broker
+        .serve(&scene.pki, &scene.work, ServerCert::Rogue);
+    write_orders(&db, 2..4);
     let start = Instant::now();
     let status = loop {
-        let status = outbox_ok(&["status", "--database-url", &db.url]);
+        let status = outbox_ok(&["status", "--database-url", &db]);
         if status.contains(&format!("{RELAY_ID} (sharded): waiting_for_broker")) {
             break status;
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "the relay never waited for the broker: {status}\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
+            std::fs::read_to_string(scene.log()).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(
-        count(&db.url, PENDING),
+        count(&db, PENDING),
         2,
         "nothing published meanwhile: {status}"
     );
     assert_eq!(
-        count(&db.url, "dead_at IS NOT NULL"),
+        count(&db, "dead_at IS NOT NULL"),
         0,
         "an outage dead-letters nothing (--max-attempts 1): {status}"
     );
 
-    broker.serve(&pki, &work, ServerCert::Trusted);
-    wait_published(&db.url, &log, &|| broker.log(&work));
+    scene
+        .broker
+        .serve(&scene.pki, &scene.work, ServerCert::Trusted);
+    scene.wait_published();
     child.kill();
     assert_eq!(
-        count(&db.url, UNEXPECTED),
+        count(&db, UNEXPECTED),
         0,
         "the claims that met the outage were given back uncounted: one attempt each"
     );
-    let mut ids = consuming.stop_after(4);
+    let mut ids = scene.consuming.stop_after(4);
     ids.dedup();
-    assert_eq!(ids, [0, 1, 2, 3], "{}", broker.log(&work));
+    assert_eq!(ids, [0, 1, 2, 3], "{}", scene.broker.log(&scene.work));
 }
 
 #[test]
