@@ -136,15 +136,15 @@ impl Drop for TlsBroker {
 }
 
 /// The relays' `--relay-id`, as `outbox status` shows it.
-const RELAY_ID: &str = "broker-tls";
+pub(crate) const RELAY_ID: &str = "broker-tls";
 
-/// `outbox relay --broker url` with the binary's default log filter, the TLS flags
-/// `tls` (flag, file of `pki`), logging to `log`.
-fn relay(
+/// `outbox relay --broker url` with the binary's default log filter and `files` (a flag
+/// and its file each), logging to `log`.
+pub(crate) fn relay(
     db: &str,
     url: &str,
     prefix: &str,
-    tls: &[(&str, String)],
+    files: &[(&str, String)],
     log: &std::path::Path,
 ) -> Child {
     let mut command = Command::new(outbox_bin());
@@ -154,7 +154,7 @@ fn relay(
         .args(["--message-timeout", "2000", "--lease", "10000"])
         .args(["--poll-interval", "100", "--retry-initial", "100"])
         .args(["--retry-max", "1000", "--max-attempts", "1"]);
-    for (flag, file) in tls {
+    for (flag, file) in files {
         command.arg(flag).arg(file);
     }
     command
@@ -180,7 +180,7 @@ fn mutual_tls(pki: &Pki) -> Vec<(&'static str, String)> {
 type Seen = Arc<Mutex<Vec<i64>>>;
 
 /// A consumer running on a runtime of its own, its handler recording the order ids.
-struct Consuming {
+pub(crate) struct Consuming {
     runtime: tokio::runtime::Runtime,
     seen: Seen,
     stop: tokio::sync::oneshot::Sender<()>,
@@ -190,7 +190,7 @@ struct Consuming {
 impl Consuming {
     /// Spawns `consume(handler, shutdown)`: it builds a consumer with `handler` and runs it
     /// until `shutdown`.
-    fn start<F>(consume: impl FnOnce(Handler, Shutdown) -> F) -> Consuming
+    pub(crate) fn start<F>(consume: impl FnOnce(Handler, Shutdown) -> F) -> Consuming
     where
         F: Future<Output = ()> + Send + 'static,
     {
@@ -218,9 +218,36 @@ impl Consuming {
         }
     }
 
+    /// `builder` (its servers and credentials set) run as the group `billing` of `topic`.
+    pub(crate) fn nats(builder: outbox::nats::NatsConsumerBuilder, topic: String) -> Consuming {
+        Consuming::start(|handler, shutdown| async move {
+            let consumer = builder
+                .group("billing")
+                .topic(topic)
+                .handler(move |event| handler(event))
+                .build()
+                .await
+                .unwrap();
+            consumer.run(shutdown).await;
+        })
+    }
+
+    /// `builder` (its URI and credentials set) run as the group `billing` of `topic`.
+    fn rabbitmq(builder: outbox::rabbitmq::RabbitMqConsumerBuilder, topic: String) -> Consuming {
+        Consuming::start(|handler, shutdown| async move {
+            let consumer = builder
+                .group("billing")
+                .topic(topic)
+                .handler(move |event| handler(event))
+                .build()
+                .unwrap();
+            consumer.run(shutdown).await;
+        })
+    }
+
     /// Waits until `want` orders were seen (at most 60 s), stops the consumer and returns
     /// the ids seen, sorted.
-    fn stop_after(self, want: usize) -> Vec<i64> {
+    pub(crate) fn stop_after(self, want: usize) -> Vec<i64> {
         let start = Instant::now();
         while self.seen.lock().unwrap().len() < want && start.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(100));
@@ -236,10 +263,10 @@ impl Consuming {
     }
 }
 
-type Handler = Arc<
+pub(crate) type Handler = Arc<
     dyn Fn(Envelope<OrderCreated>) -> std::future::Ready<Result<Outcome<()>, String>> + Send + Sync,
 >;
-type Shutdown = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+pub(crate) type Shutdown = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The consumer of `broker` (group `billing`, topic `<prefix>order`) over TLS with the
 /// relay's files; for RabbitMQ, once it declared its queue (a message no queue takes is
@@ -253,31 +280,20 @@ fn consumer(broker: &TlsBroker, pki: &Pki, work: &tempfile::TempDir, prefix: &st
         pki.path("client-plain.key"),
     );
     let consuming = match broker.kind {
-        Kind::Nats => Consuming::start(|handler, shutdown| async move {
-            let consumer = outbox::nats::NatsConsumer::builder()
+        Kind::Nats => {
+            let builder = outbox::nats::NatsConsumer::builder()
                 .servers(url)
                 .tls_ca_file(ca)
-                .tls_client_cert(cert, key)
-                .group("billing")
-                .topic(topic)
-                .handler(move |event| handler(event))
-                .build()
-                .await
-                .unwrap();
-            consumer.run(shutdown).await;
-        }),
-        Kind::RabbitMq => Consuming::start(|handler, shutdown| async move {
-            let consumer = outbox::rabbitmq::RabbitMqConsumer::builder()
+                .tls_client_cert(cert, key);
+            Consuming::nats(builder, topic)
+        }
+        Kind::RabbitMq => {
+            let builder = outbox::rabbitmq::RabbitMqConsumer::builder()
                 .uri(url)
                 .tls_ca_file(ca)
-                .tls_client_cert(cert, key)
-                .group("billing")
-                .topic(topic)
-                .handler(move |event| handler(event))
-                .build()
-                .unwrap();
-            consumer.run(shutdown).await;
-        }),
+                .tls_client_cert(cert, key);
+            Consuming::rabbitmq(builder, topic)
+        }
     };
     if let Kind::RabbitMq = broker.kind {
         let start = Instant::now();

@@ -294,6 +294,41 @@ fn broker_tls_files_are_checked_and_named_by_their_flags() {
     );
 }
 
+/// `--nats-credentials-file`: refused with another broker, and a file that is not a
+/// `.creds` file is named by the flag, before anything connects.
+#[test]
+fn nats_credentials_file_is_checked_and_named_by_its_flag() {
+    let db = "/nonexistent/never-opened.db";
+    let dir = tempfile::tempdir().unwrap();
+    let not_creds = dir.path().join("relay.creds");
+    std::fs::write(&not_creds, "-----BEGIN NATS USER JWT-----\nnot a jwt\n").unwrap();
+    let not_creds = not_creds.to_str().unwrap();
+    assert_refused(
+        &[
+            "--database-url",
+            db,
+            "--broker",
+            "amqp://relay:hunter2@r:5672/%2f",
+        ],
+        &[("OUTBOX_NATS_CREDENTIALS_FILE", Some(not_creds))],
+        "--nats-credentials-file / OUTBOX_NATS_CREDENTIALS_FILE is for NATS: it does not apply to rabbitmq amqp://relay:***@r:5672/%2f",
+    );
+    assert_refused(
+        &[
+            "--database-url",
+            db,
+            "--broker",
+            "nats://n:4222",
+            "--nats-credentials-file",
+            not_creds,
+        ],
+        &[],
+        &format!(
+            "invalid `credentials_file`: `{not_creds}` is not a NATS credentials file (a `-----BEGIN NATS USER JWT-----` block and a `-----BEGIN USER NKEY SEED-----` block, as `nsc` writes them) (check --nats-credentials-file / OUTBOX_NATS_CREDENTIALS_FILE)"
+        ),
+    );
+}
+
 /// The overflowing retention once deleted a published row two hours old: now the relay does
 /// not start, and the row is still there.
 #[test]

@@ -20,6 +20,7 @@ mod holds;
 mod inputs;
 mod kafka_tls;
 mod metrics;
+mod nats_credentials;
 mod ops;
 mod pooler;
 mod scenarios;

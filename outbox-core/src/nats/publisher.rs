@@ -288,6 +288,7 @@ pub struct NatsPublisherBuilder {
     create_streams: bool,
     name: String,
     tls: TlsFiles,
+    credentials: Option<std::path::PathBuf>,
 }
 
 impl Default for NatsPublisherBuilder {
@@ -299,6 +300,7 @@ impl Default for NatsPublisherBuilder {
             create_streams: true,
             name: "outbox-relay".to_owned(),
             tls: TlsFiles::default(),
+            credentials: None,
         }
     }
 }
@@ -311,6 +313,7 @@ impl fmt::Debug for NatsPublisherBuilder {
             .field("ack_timeout", &self.ack_timeout)
             .field("create_streams", &self.create_streams)
             .field("tls", &self.tls)
+            .field("credentials", &self.credentials)
             .finish_non_exhaustive()
     }
 }
@@ -392,6 +395,20 @@ impl NatsPublisherBuilder {
         self
     }
 
+    /// Authenticates with this `.creds` file: a user JWT and its nkey seed, as `nsc` and
+    /// Synadia Cloud hand them out (operator-mode servers). [`build`](Self::build) reads it and
+    /// refuses a file that is not one; its contents are never shown.
+    ///
+    /// ```
+    /// let builder = outbox_core::nats::NatsPublisher::builder()
+    ///     .credentials_file("/etc/outbox/relay.creds");
+    /// # drop(builder);
+    /// ```
+    pub fn credentials_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.credentials = Some(path.into());
+        self
+    }
+
     tls_methods!(
         "outbox_core::nats::NatsPublisher::builder()",
         "They replace the system's roots (which are trusted without this file: the operating system's store, or `SSL_CERT_FILE` / `SSL_CERT_DIR`).",
@@ -420,7 +437,14 @@ impl NatsPublisherBuilder {
             client,
             events,
             recipe,
-        } = streams::connect(&self.servers, &self.name, self.ack_timeout, &self.tls).await?;
+        } = streams::connect(
+            &self.servers,
+            &self.name,
+            self.ack_timeout,
+            &self.tls,
+            self.credentials.as_deref(),
+        )
+        .await?;
         let jetstream = jetstream::ContextBuilder::new()
             .timeout(self.ack_timeout)
             .backpressure_on_inflight(true)

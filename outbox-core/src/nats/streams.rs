@@ -1,5 +1,6 @@
 //! The connection both sides open, and the streams they need: found by subject, or created.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -28,11 +29,19 @@ pub(crate) struct Recipe {
     name: String,
     api_timeout: Duration,
     tls: TlsFiles,
+    /// The contents of the `.creds` file (a JWT and its seed): a secret, never shown.
+    credentials: Option<String>,
 }
 
 impl Recipe {
     fn options(&self) -> async_nats::ConnectOptions {
-        let mut options = async_nats::ConnectOptions::new()
+        let mut options = match &self.credentials {
+            // Parsed once already, when the builder built.
+            Some(creds) => async_nats::ConnectOptions::with_credentials(creds)
+                .unwrap_or_else(|_| async_nats::ConnectOptions::new()),
+            None => async_nats::ConnectOptions::new(),
+        };
+        options = options
             .name(&self.name)
             .request_timeout(Some(self.api_timeout));
         if let Some(ca) = &self.tls.ca {
@@ -73,11 +82,13 @@ pub(crate) async fn connect(
     name: &str,
     api_timeout: Duration,
     tls: &TlsFiles,
+    credentials: Option<&Path>,
 ) -> Result<Connected, NatsConfigError> {
     tls.load().map_err(|e| NatsConfigError::InvalidOption {
         option: e.option.into(),
         reason: e.reason,
     })?;
+    let credentials = credentials.map(read_credentials).transpose()?;
     let addresses = servers
         .split(',')
         .map(str::trim)
@@ -103,6 +114,7 @@ pub(crate) async fn connect(
         name: name.to_owned(),
         api_timeout,
         tls: tls.clone(),
+        credentials,
     };
     let shown = redacted(servers);
     let events = Arc::new(EventLog::default());
@@ -127,6 +139,25 @@ pub(crate) async fn connect(
         events,
         recipe,
     })
+}
+
+/// Reads a `.creds` file and checks that it holds a user JWT and its seed. The error names
+/// the path, never the file's contents.
+fn read_credentials(path: &Path) -> Result<String, NatsConfigError> {
+    let invalid = |reason: String| NatsConfigError::InvalidOption {
+        option: "credentials_file".into(),
+        reason,
+    };
+    let creds = std::fs::read_to_string(path)
+        .map_err(|e| invalid(format!("cannot read `{}`: {e}", path.display())))?;
+    match async_nats::ConnectOptions::with_credentials(&creds) {
+        Ok(_) => Ok(creds),
+        Err(_) => Err(invalid(format!(
+            "`{}` is not a NATS credentials file (a `-----BEGIN NATS USER JWT-----` block and a \
+             `-----BEGIN USER NKEY SEED-----` block, as `nsc` writes them)",
+            path.display()
+        ))),
+    }
 }
 
 /// How often at most a client error (a refused or failed connection attempt, repeated while

@@ -95,6 +95,12 @@ impl Broker {
 
     /// Refuses the flags of other brokers: they would be silently ignored.
     pub(crate) fn check_flags(&self, args: &RelayArgs) -> Result<(), Fatal> {
+        if args.nats_credentials_file.is_some() && !matches!(self, Broker::Nats(_)) {
+            return Err(Fatal(format!(
+                "--nats-credentials-file / OUTBOX_NATS_CREDENTIALS_FILE is for NATS: it does not apply to {}",
+                self.describe()
+            )));
+        }
         let tls_files = args.broker_ca_file.is_some() || args.broker_cert_file.is_some();
         if tls_files && matches!(self, Broker::Kafka(_)) {
             return Err(Fatal(
@@ -162,6 +168,9 @@ pub(crate) async fn nats(args: &RelayArgs, servers: &str) -> Result<NatsPublishe
     if let (Some(cert), Some(key)) = (&args.broker_cert_file, &args.broker_key_file) {
         builder = builder.tls_client_cert(cert, key);
     }
+    if let Some(creds) = &args.nats_credentials_file {
+        builder = builder.credentials_file(creds);
+    }
     builder.build().await.map_err(|e| {
         let option = match &e {
             outbox::nats::NatsConfigError::InvalidOption { option, .. } => option.as_str(),
@@ -200,6 +209,7 @@ fn flags_of(option: &str) -> &'static str {
     match option {
         "tls_ca_file" => "--broker-ca-file / OUTBOX_BROKER_CA_FILE",
         "tls_client_cert" => "--broker-cert-file and --broker-key-file",
+        "credentials_file" => "--nats-credentials-file / OUTBOX_NATS_CREDENTIALS_FILE",
         "ack_timeout" | "confirm_timeout" => "--message-timeout",
         _ => "--broker / OUTBOX_BROKER",
     }

@@ -182,6 +182,10 @@ struct RelayArgs {
         requires = "broker_cert_file"
     )]
     broker_key_file: Option<std::path::PathBuf>,
+    /// NATS: a `.creds` file (a user JWT and its nkey seed, as `nsc` or Synadia Cloud give
+    /// them) to authenticate with.
+    #[arg(long, env = "OUTBOX_NATS_CREDENTIALS_FILE", value_name = "PATH")]
+    nats_credentials_file: Option<std::path::PathBuf>,
     /// PostgreSQL: do not LISTEN for writers' notifications; poll only.
     #[arg(long, env = "OUTBOX_NO_LISTEN")]
     no_listen: bool,
@@ -622,11 +626,12 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 // librdkafka's log and errors are rate-limited by the publisher (a line of a
                 // kind at most once per 30 s): its warnings name the unreachable brokers.
-                // async-nats logs every reconnect attempt at `info`; the NATS publisher logs
-                // connection changes itself, its errors rate-limited alike.
+                // async-nats logs every reconnect attempt at `info`, and every refused one
+                // (e.g. an authorization violation) at `error` from its connector; the NATS
+                // publisher logs connection changes itself, its errors rate-limited alike.
                 .unwrap_or_else(|_| {
                     tracing_subscriber::EnvFilter::new(
-                        "info,librdkafka=warn,rdkafka::client=warn,async_nats=warn",
+                        "info,librdkafka=warn,rdkafka::client=warn,async_nats=warn,async_nats::connector=off",
                     )
                 }),
         )

@@ -48,6 +48,7 @@ pub struct NatsConsumerBuilder {
     ack_wait: Duration,
     max_ack_pending: i64,
     tls: TlsFiles,
+    credentials: Option<std::path::PathBuf>,
     /// Handlers and policies: the broker-free runtime's.
     options: Options<NatsMessage>,
 }
@@ -62,6 +63,7 @@ impl Default for NatsConsumerBuilder {
             ack_wait: Duration::from_secs(30),
             max_ack_pending: 1,
             tls: TlsFiles::default(),
+            credentials: None,
             options: Options::default(),
         }
     }
@@ -77,6 +79,7 @@ impl std::fmt::Debug for NatsConsumerBuilder {
             .field("ack_wait", &self.ack_wait)
             .field("max_ack_pending", &self.max_ack_pending)
             .field("tls", &self.tls)
+            .field("credentials", &self.credentials)
             .finish_non_exhaustive()
     }
 }
@@ -160,6 +163,20 @@ impl NatsConsumerBuilder {
         self
     }
 
+    /// Authenticates with this `.creds` file: a user JWT and its nkey seed, as `nsc` and
+    /// Synadia Cloud hand them out (operator-mode servers). [`build`](Self::build) reads it and
+    /// refuses a file that is not one; its contents are never shown.
+    ///
+    /// ```
+    /// let builder = outbox_core::nats::NatsConsumer::builder()
+    ///     .credentials_file("/etc/outbox/relay.creds");
+    /// # drop(builder);
+    /// ```
+    pub fn credentials_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.credentials = Some(path.into());
+        self
+    }
+
     tls_methods!(
         "outbox_core::nats::NatsConsumer::builder()",
         "They replace the system's roots (which are trusted without this file: the operating system's store, or `SSL_CERT_FILE` / `SSL_CERT_DIR`).",
@@ -228,7 +245,9 @@ impl NatsConsumerBuilder {
             .options
             .settings(group.clone())
             .map_err(|(option, reason)| invalid(&option, reason))?;
-        let client = streams::connect(&self.servers, &group, Duration::from_secs(10), &self.tls)
+        let credentials = self.credentials.as_deref();
+        let timeout = Duration::from_secs(10);
+        let client = streams::connect(&self.servers, &group, timeout, &self.tls, credentials)
             .await?
             .client;
         let jetstream = jetstream::ContextBuilder::new()
