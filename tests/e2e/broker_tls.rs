@@ -442,6 +442,7 @@ fn certificate_swapped_while_running(kind: Kind) {
         );
         std::thread::sleep(Duration::from_millis(200));
     };
+    eprintln!("outbox status while the certificate is untrusted:\n{status}");
     assert_eq!(
         count(&db, PENDING),
         2,

@@ -229,10 +229,14 @@ impl Publisher for NatsPublisher {
     fn unavailable(&self) -> Option<String> {
         match self.client.connection_state() {
             State::Connected => None,
-            state => Some(format!(
-                "NATS server {} unreachable ({state:?})",
-                self.servers
-            )),
+            state => Some(match self.events.last_error() {
+                // e.g. an authorization violation; a refused certificate is an "IO error".
+                Some(why) => format!(
+                    "NATS server {} unreachable ({state:?}): {why}",
+                    self.servers
+                ),
+                None => format!("NATS server {} unreachable ({state:?})", self.servers),
+            }),
         }
     }
 

@@ -75,13 +75,23 @@ impl Broker {
         }
     }
 
-    /// The flags the broker came from, for a message that tells what to check.
-    pub(crate) fn flags(&self, args: &RelayArgs) -> &'static str {
-        if args.broker.is_some() {
-            "--broker / OUTBOX_BROKER"
-        } else {
-            "--brokers / KAFKA_BROKERS"
+    /// The flags the broker came from, and the TLS and login files given, for a message
+    /// that tells what to check.
+    pub(crate) fn flags(&self, args: &RelayArgs) -> String {
+        if args.broker.is_none() {
+            return "--brokers / KAFKA_BROKERS".to_owned();
         }
+        let mut flags = vec!["--broker / OUTBOX_BROKER"];
+        if args.broker_ca_file.is_some() {
+            flags.push("--broker-ca-file");
+        }
+        if args.broker_cert_file.is_some() {
+            flags.push("--broker-cert-file");
+        }
+        if args.nats_credentials_file.is_some() {
+            flags.push("--nats-credentials-file");
+        }
+        flags.join(", ")
     }
 
     /// The broker for a log line: its kind and address, passwords redacted.
