@@ -1,5 +1,5 @@
-//! TLS files for the NATS and RabbitMQ connections: CA certificates to trust besides the
-//! system's roots, and a client certificate for mutual TLS. A builder reads and checks them
+//! TLS files for the NATS and RabbitMQ connections: CA certificates to trust (e.g. a private
+//! CA), and a client certificate for mutual TLS. A builder reads and checks them
 //! when it builds, so that a missing or malformed file is an error naming the option and the
 //! path, never an outage that lasts until someone reads the logs.
 
@@ -208,8 +208,8 @@ mod tests {
         .unwrap_err();
         assert!(err.reason.contains("no PEM certificate"), "{}", err.reason);
 
-        // A key where the certificate belongs, and a certificate file where the key belongs:
-        // both refused, and the key's contents are not shown.
+        // A key file given as the certificate: refused, naming it, and the key's contents are
+        // not shown.
         let key = file(
             &dir,
             "client.key",

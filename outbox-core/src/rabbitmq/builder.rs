@@ -167,8 +167,9 @@ impl RabbitMqPublisherBuilder {
         "Either needs an `amqps://` [`uri`](Self::uri) and the feature `rabbitmq-tls`."
     );
 
-    /// Checks the options and reads the TLS files. It does not connect: the publisher connects on its first publish
-    /// (or [`ready`](crate::relay::Publisher::ready)), and again after a connection is lost.
+    /// Checks the options and reads the TLS files. It does not connect: the publisher
+    /// connects on its first publish (or [`ready`](crate::relay::Publisher::ready)), and again
+    /// after a connection is lost.
     ///
     /// ```
     /// use outbox_core::rabbitmq::{RabbitMqConfigError, RabbitMqPublisher};

@@ -90,8 +90,9 @@
 //! it is lost (at most one attempt per 100 ms); [`Publisher::ready`](crate::relay::Publisher::ready)
 //! connects within its timeout. The consumer reconnects with the runtime's backoff (100 ms
 //! doubling to 10 s). URIs are shown only without their password
-//! ([`redact::url`](crate::redact::url)). TLS (`amqps://`) needs the feature `rabbitmq-tls` (rustls on `ring`, the system's
-//! roots); [`tls_ca_file`](RabbitMqPublisherBuilder::tls_ca_file) adds a private CA and
+//! ([`redact::url`](crate::redact::url)). TLS (`amqps://`) needs the feature `rabbitmq-tls`
+//! (rustls on `ring`, the system's roots);
+//! [`tls_ca_file`](RabbitMqPublisherBuilder::tls_ca_file) adds a private CA and
 //! [`tls_client_cert`](RabbitMqPublisherBuilder::tls_client_cert) a client certificate.
 
 #[cfg(feature = "relay")]

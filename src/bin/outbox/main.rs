@@ -49,8 +49,8 @@ enum Command {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
-    /// Publish committed outbox events to Kafka, NATS JetStream or RabbitMQ until stopped (SIGINT/SIGTERM: finish the
-    /// batch in flight, release the leases, exit).
+    /// Publish committed outbox events to Kafka, NATS JetStream or RabbitMQ until stopped
+    /// (SIGINT/SIGTERM: finish the batch in flight, release the leases, exit).
     Relay(RelayArgs),
     /// Show the backlog, its oldest event, dead letters, in-flight leases, shard owners and
     /// each relay's state (running, waiting_for_broker, standby).
