@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use outbox::prelude::*;
 
-use crate::chaos::brokers::{amqp_url, host_port};
+use crate::chaos::brokers::{amqp_url, host_port, runtime};
 use crate::chaos::services::{free_port, wait_port};
 use crate::harness::{RelayProcess, outbox_bin, outbox_ok};
 use crate::kafka_tls::{
@@ -515,7 +515,7 @@ fn nats_and_rabbitmq_untrusted_server_certificate_stops_the_relay_in_one_line() 
 
 /// Whether the shared RabbitMQ has queue `name` (a passive declare on a plain connection).
 fn queue_exists(name: &str) -> bool {
-    block_on(async {
+    runtime().block_on(async {
         let Ok(rabbit) =
             lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await
         else {
@@ -543,7 +543,7 @@ struct Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        block_on(async {
+        runtime().block_on(async {
             let Ok(rabbit) =
                 lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
                     .await
@@ -566,12 +566,4 @@ impl Drop for Cleanup {
             let _ = rabbit.close(200, "done".into()).await;
         });
     }
-}
-
-fn block_on<T>(future: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(future)
 }

@@ -147,7 +147,8 @@ pub fn forget(brokers: &str, topic: &str) {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+/// A current-thread runtime for one blocking call into an async client.
+pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
